@@ -1,0 +1,1 @@
+"""mplab: the library behind the mixed precision lessons."""
