@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import struct
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -42,7 +43,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class FloatFormat:
-    """A binary floating-point format: 1 sign bit, `exp_bits` exponent bits, `man_bits` mantissa bits.
+    """A binary float format: 1 sign bit, `exp_bits` exponent bits, `man_bits` mantissa bits.
 
     `nan` is "ieee" (exponent all ones: mantissa 0 is inf, anything else NaN) or "fn" (finite
     only: the single NaN is exponent and mantissa all ones, the rest of that binade is finite).
@@ -90,7 +91,8 @@ class FloatFormat:
     # --- exact landmarks (Fractions) ---------------------------------------------------------
     @property
     def max_finite(self) -> Fraction:
-        return Fraction((1 << self.man_bits) + self.max_man_at_emax) * _pow2(self.emax - self.man_bits)
+        top = (1 << self.man_bits) + self.max_man_at_emax
+        return top * _pow2(self.emax - self.man_bits)
 
     @property
     def min_normal(self) -> Fraction:
@@ -257,25 +259,36 @@ def _nearest_fields(a: Fraction, f: FloatFormat, mode: str = "nearest") -> tuple
     return exp_field, man
 
 
-def _nan_bits(f: FloatFormat, sign: bool) -> int:
-    # The NaN pattern torch's CPU cast produces (bf16 gives 0xffff whatever the sign).
+def _nan_bits(f: FloatFormat, sign: bool, fp32_mantissa: int = 1 << 22) -> int:
+    """The NaN pattern torch's CPU cast produces from an fp32 NaN with this mantissa field.
+
+    fp32/tf32/fp16 keep the sign and the top of the payload, bf16 always gives 0xFFFF,
+    fp8 gives its all-ones pattern with the sign.
+    """
     if f.name == "bf16":
         return 0xFFFF
-    if f.nan == "fn":
-        pattern = (1 << (f.bits - 1)) - 1
-    else:
-        pattern = (((1 << f.exp_bits) - 1) << f.man_bits) | (1 << (f.man_bits - 1))
-    return pattern | (sign << (f.bits - 1))
+    if f.man_bits <= 3:
+        return (1 << (f.bits - 1)) - 1 | (sign << (f.bits - 1))
+    payload = fp32_mantissa >> (FP32.man_bits - f.man_bits)
+    return _pack(f, sign, (1 << f.exp_bits) - 1, payload)
+
+
+def _fp32_nan_mantissa(x) -> int:
+    """The mantissa field of the fp32 NaN a double NaN becomes (quiet bit set, payload kept)."""
+    if not isinstance(x, float):
+        return 1 << 22
+    m64 = struct.unpack("<Q", struct.pack("<d", x))[0] & ((1 << 52) - 1)
+    return (1 << 22) | (m64 >> 29)
 
 
 def _pack(f: FloatFormat, sign: bool, exp_field: int, man: int) -> int:
     return (sign << (f.bits - 1)) | (exp_field << f.man_bits) | man
 
 
-def _special_bits(f: FloatFormat, sign: bool, value) -> int:
-    """Bits for NaN, inf, or a finite value that overflowed."""
+def _special_bits(f: FloatFormat, sign: bool, value, x=None) -> int:
+    """Bits for NaN (x, the input, gives its payload), inf, or a finite value that overflowed."""
     if value != value:
-        return _nan_bits(f, sign)
+        return _nan_bits(f, sign, _fp32_nan_mantissa(x))
     if f.overflow == "inf":
         return _pack(f, sign, (1 << f.exp_bits) - 1, 0)
     if f.overflow == "saturate":
@@ -359,7 +372,7 @@ def to_bits(x, fmt, *, exact: bool = False) -> int:
     if not exact:
         value = _via_fp32(sign, value, f)
     if not isinstance(value, Fraction):
-        return _special_bits(f, sign, value)
+        return _special_bits(f, sign, value, x)
     fields = _nearest_fields(value, f)
     if fields is None:
         return _special_bits(f, sign, math.inf)
