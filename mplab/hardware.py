@@ -1,0 +1,69 @@
+"""What the machine at hand can do: the device to use and the CPU's low-precision units."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import torch
+
+# CPU flags that decide whether bf16 / fp16 matmuls have hardware behind them (x86 names).
+_LOW_PRECISION_FLAGS = {
+    "avx512_bf16": "bf16 dot products in AVX-512",
+    "amx_bf16": "bf16 matrix tiles (AMX)",
+    "avx512_fp16": "fp16 arithmetic in AVX-512",
+    "amx_fp16": "fp16 matrix tiles (AMX)",
+    "f16c": "fp16 <-> fp32 conversion only (no fp16 arithmetic)",
+}
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """"auto" picks CUDA when there is a GPU, else the CPU; "cpu" and "cuda" are taken as asked."""
+    if not isinstance(device, str | torch.device):
+        raise TypeError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    name = str(device).lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} was asked for, but this machine has no CUDA GPU; "
+                             "use 'auto' or 'cpu'")
+        return torch.device(name)
+    if name == "cpu":
+        return torch.device("cpu")
+    raise ValueError(f"unknown device {device!r}; accepted: 'auto', 'cpu', 'cuda'")
+
+
+def cpu_features() -> dict[str, bool]:
+    """Which low-precision units this CPU reports (from /proc/cpuinfo; all False elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            break
+    return {flag: flag in flags for flag in _LOW_PRECISION_FLAGS}
+
+
+def describe(device: str = "auto") -> str:
+    """One line naming the device, e.g. 'cpu: Intel(R) Xeon(R) ... (2 threads; bf16 units: yes)'."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(dev)}"
+    feats = cpu_features()
+    model = next((line.partition(":")[2].strip() for line in _cpuinfo_lines()
+                  if line.startswith("model name")), platform.processor() or platform.machine())
+    bf16 = feats["avx512_bf16"] or feats["amx_bf16"]
+    fp16 = feats["avx512_fp16"] or feats["amx_fp16"]
+    return (f"cpu: {model} ({torch.get_num_threads()} threads; bf16 units: {'yes' if bf16 else 'no'}"
+            f", fp16 units: {'yes' if fp16 else 'no'})")
+
+
+def _cpuinfo_lines() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
