@@ -72,8 +72,9 @@ def matmul_speed(n: int | None = None, formats=("fp32", "bf16", "fp16"), device=
     n = n or (8192 if dev.type == "cuda" else 512)
     timings = [time_matmul(n, f, dev.type, budget_s) for f in formats]
     base = timings[0].seconds
-    rows = [{"format": t.format, "device": t.device, "n": t.n, "bytes per matrix": t.bytes_per_matrix,
-             "ms per matmul": t.seconds * 1e3, "GFLOP/s": t.gflops,
+    rows = [{"format": t.format, "device": t.device, "n": t.n,
+             "bytes per matrix": t.bytes_per_matrix, "ms per matmul": t.seconds * 1e3,
+             "GFLOP/s": t.gflops,
              f"speed vs {timings[0].format}": base / t.seconds, "runs": t.repeats}
             for t in timings]
     return Table(rows, title=f"{n}×{n} matmul on {dev.type}")

@@ -36,15 +36,8 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 def cpu_features() -> dict[str, bool]:
     """Which low-precision units this CPU reports (from /proc/cpuinfo; all False elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.partition(":")[2].split())
-            break
+    flags = next((set(line.partition(":")[2].split()) for line in _cpuinfo_lines()
+                  if line.startswith("flags")), set())
     return {flag: flag in flags for flag in _LOW_PRECISION_FLAGS}
 
 
@@ -58,8 +51,9 @@ def describe(device: str = "auto") -> str:
                   if line.startswith("model name")), platform.processor() or platform.machine())
     bf16 = feats["avx512_bf16"] or feats["amx_bf16"]
     fp16 = feats["avx512_fp16"] or feats["amx_fp16"]
-    return (f"cpu: {model} ({torch.get_num_threads()} threads; bf16 units: {'yes' if bf16 else 'no'}"
-            f", fp16 units: {'yes' if fp16 else 'no'})")
+    yes_no = {True: "yes", False: "no"}
+    return (f"cpu: {model} ({torch.get_num_threads()} threads; bf16 units: {yes_no[bf16]}, "
+            f"fp16 units: {yes_no[fp16]})")
 
 
 def _cpuinfo_lines() -> list[str]:
