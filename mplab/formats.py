@@ -37,7 +37,7 @@ from mplab._display import Table
 __all__ = [
     "FloatFormat", "FORMATS", "get_format", "parse_number", "from_bits", "to_bits", "round_to",
     "decompose", "Decomposed", "ulp", "next_up", "next_down", "format_table", "field_bits",
-    "E4M3_NAN_ON_OVERFLOW",
+    "E4M3_NAN_ON_OVERFLOW", "compare",
 ]
 
 
@@ -540,3 +540,16 @@ def format_table(formats=None) -> Table:
             "torch dtype": f"torch.{f.torch_dtype}" if f.torch_dtype else "(matmul mode)",
         })
     return Table(rows, title="Float formats: range and precision")
+
+
+def compare(values, formats=("fp16", "bf16")) -> Table:
+    """What each format stores for each value, and the relative error it costs (one row a value)."""
+    rows = []
+    for x in values:
+        row = {"x": x}
+        for name in formats:
+            d = decompose(x, name)
+            row[f"{d.fmt} stores"] = d.value
+            row[f"{d.fmt} rel. error"] = d.rel_error
+        rows.append(row)
+    return Table(rows, title="Stored value and relative error per format")
