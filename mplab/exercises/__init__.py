@@ -1,0 +1,277 @@
+"""Graded exercises: checks that explain, staged hints, reference answers, a grading log.
+
+A lesson module (``lesson1``, ...) builds a :class:`Lesson` from :class:`Exercise` records and
+exposes its methods, so a notebook writes::
+
+    from mplab.exercises import lesson1 as ex
+    ex.check("1.2", answer)   # passed / failed / not attempted / error, and why
+    ex.hint("1.2")            # one more hint per call: concept -> API -> nearly the answer
+    ex.solution("1.2")        # the reference cell (the grader's report notes the reveal)
+
+Every call returns a :class:`Result`, which prints as text and renders as a coloured box in
+Jupyter. ``check`` never raises for anything a learner passes: a blank answer (``...`` or
+None) is "not attempted", a wrong one "failed" with the concept that was missed, and an
+exception from the learner's code "error" with its message (no traceback).
+
+The grader (``python -m mplab.grade``) runs a notebook with two environment variables:
+``MPLAB_GRADING=1`` turns on each exercise's hidden checks, and ``MPLAB_GRADE_LOG=<file>``
+makes check/hint/solution append one JSON line per call there, which the grader reads back.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import numbers
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["Result", "Exercise", "Lesson", "Incorrect", "STATUSES", "is_blank", "grading",
+           "as_number", "call", "GRADING_ENV", "GRADE_LOG_ENV", "CELL_METADATA_KEY"]
+
+#: The statuses a check can end in (hint() and solution() results use "hint" and "solution").
+STATUSES = ("passed", "failed", "not attempted", "error")
+GRADING_ENV = "MPLAB_GRADING"
+GRADE_LOG_ENV = "MPLAB_GRADE_LOG"
+#: An exercise cell carries ``{"mplab": {"exercise": "1.1"}}`` in its metadata.
+CELL_METADATA_KEY = "mplab"
+
+_STYLE = {  # status -> (symbol, text colour, background)
+    "passed": ("✓", "#1b5e20", "#e8f5e9"),
+    "failed": ("✗", "#b71c1c", "#ffebee"),
+    "error": ("!", "#e65100", "#fff3e0"),
+    "not attempted": ("…", "#424242", "#f5f5f5"),
+    "hint": ("?", "#0d47a1", "#e3f2fd"),
+    "solution": ("★", "#4a148c", "#f3e5f5"),
+}
+
+
+@dataclass
+class Result:
+    """What check(), hint() or solution() says about one exercise."""
+
+    id: str
+    status: str
+    points: float
+    max_points: float
+    message: str
+    code: str = ""  # the reference cell, for solution()
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def _headline(self) -> str:
+        head = f"Exercise {self.id}: {self.status}"
+        if self.status in STATUSES:
+            head += f" ({self.points:g}/{self.max_points:g} points)"
+        return head
+
+    def __str__(self) -> str:
+        symbol = _STYLE.get(self.status, ("·",))[0]
+        text = f"{symbol} {self._headline()}\n{self.message}"
+        if self.code:
+            text += "\n\n" + self.code
+        return text
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        symbol, colour, background = _STYLE.get(self.status, ("·", "#212121", "#fafafa"))
+        code = (f"<pre style='margin:6px 0 0;background:#fff;padding:6px'>"
+                f"{html.escape(self.code)}</pre>" if self.code else "")
+        return (f"<div style='border-left:6px solid {colour};background:{background};"
+                f"color:#212121;padding:8px 12px;margin:4px 0;border-radius:4px'>"
+                f"<b style='color:{colour}'>{symbol} {html.escape(self._headline())}</b>"
+                f"<div style='white-space:pre-wrap'>{html.escape(self.message)}</div>{code}</div>")
+
+
+class Incorrect(Exception):
+    """Raised inside a check to end it with a message; status "error" when the learner's code
+    raised, "failed" for a wrong answer."""
+
+    def __init__(self, message: str, status: str = "failed"):
+        super().__init__(message)
+        self.status = status
+
+
+def is_blank(answer) -> bool:
+    """The untouched starter: ``...`` or None."""
+    return answer is ... or answer is None
+
+
+def grading() -> bool:
+    """True inside the grader's kernel, where hidden checks run too."""
+    return os.environ.get(GRADING_ENV, "") not in ("", "0")
+
+
+def as_number(answer, what: str = "Your answer") -> float:
+    """A learner's number as a float (ints, floats, Fractions, numeric text like "2**-24",
+    one-element tensors); anything else ends the check with a message that says what to give."""
+    from mplab.formats import parse_number  # formats imports torch: only when a check needs it
+
+    if isinstance(answer, str):
+        try:
+            answer = parse_number(answer)
+        except ValueError as e:
+            raise Incorrect(f"{what} is text that does not read as a number: {e}") from None
+    if hasattr(answer, "item") and not isinstance(answer, numbers.Real):
+        try:
+            answer = answer.item()  # a one-element tensor or array
+        except (ValueError, RuntimeError):
+            pass  # more elements than one: reported below
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Real):
+        raise Incorrect(f"{what} should be a number, not {type(answer).__name__} "
+                        f"({answer!r:.60}).")
+    try:
+        return float(answer)
+    except OverflowError:  # an int or Fraction beyond any double
+        return math.copysign(math.inf, answer)
+
+
+def call(fn: Callable, *args, what: str = ""):
+    """Call the learner's function; an exception it raises ends the check as an "error" that
+    names the call and the exception (not a traceback)."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        shown = what or f"{getattr(fn, '__name__', 'your function')}{args}"
+        raise Incorrect(f"{shown} raised {type(e).__name__}: {e}", status="error") from None
+
+
+Check = Callable[[Any], "str | None"]  # the reason an answer is wrong, or None when it is right
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One graded exercise.
+
+    `check` returns why an answer is wrong (in the lesson's voice, naming the concept missed,
+    never the answer) or None; it may raise :class:`Incorrect`. `hidden` runs the same way
+    but only when grading. `starter` is the exact notebook cell a learner sees, and
+    `solution_code` that cell filled in with the reference answer.
+    """
+
+    id: str
+    title: str
+    prompt: str
+    starter: str
+    solution_code: str
+    check: Check
+    hints: tuple[str, ...]
+    hidden: Check | None = None
+    points: int = 1
+    blank: Callable[[Any], bool] = is_blank
+
+
+class Lesson:
+    """A lesson's exercises, plus the state a session keeps: hint stages and revealed solutions."""
+
+    def __init__(self, number: int, exercises: list[Exercise]):
+        self.number = number
+        self.exercises = {e.id: e for e in exercises}
+        self.import_code = f"from mplab.exercises import lesson{number} as ex"
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget hint stages and revealed solutions (a fresh session)."""
+        self.hint_stage: dict[str, int] = {}
+        self.revealed: set[str] = set()
+
+    def get(self, id) -> Exercise:
+        key = str(id).strip()  # ex.check(1.2, ...) means "1.2"
+        if key not in self.exercises:
+            raise ValueError(f"unknown exercise {id!r} in lesson {self.number}; accepted: "
+                             + ", ".join(map(repr, self.exercises)))
+        return self.exercises[key]
+
+    # --- the three calls a notebook makes -----------------------------------------------------
+    def check(self, id, answer) -> Result:
+        """Check an answer: "passed", "failed" (and why), "not attempted" or "error"."""
+        ex = self.get(id)
+        result = self._check(ex, answer)
+        _log({"event": "check", **result.as_dict()})
+        return result
+
+    def hint(self, id) -> Result:
+        """The next hint for an exercise: concept, then API, then nearly the answer."""
+        ex = self.get(id)
+        stage = self.hint_stage.get(ex.id, 0)
+        n = len(ex.hints)
+        if stage < n:
+            self.hint_stage[ex.id] = stage + 1
+            message = f"Hint {stage + 1} of {n}: {ex.hints[stage]}"
+        else:
+            message = (f"No more hints for {ex.id}: you have seen all {n}. The last one was:\n"
+                       f'{ex.hints[-1]}\nex.solution("{ex.id}") shows the reference answer.')
+        _log({"event": "hint", "id": ex.id, "stage": min(stage + 1, n)})
+        return Result(ex.id, "hint", 0, ex.points, message)
+
+    def solution(self, id) -> Result:
+        """Reveal the reference answer; the reveal is recorded (and shown in a grading report)."""
+        ex = self.get(id)
+        self.revealed.add(ex.id)
+        _log({"event": "solution", "id": ex.id})
+        return Result(ex.id, "solution", 0, ex.points,
+                      "The reference answer (this reveal is recorded in the grading report):",
+                      code=ex.solution_code)
+
+    # --- for notebook authors ---------------------------------------------------------------------
+    def exercise_cells(self) -> list[tuple[str, str]]:
+        """(id, starter source) for each exercise, in order."""
+        return [(e.id, e.starter) for e in self.exercises.values()]
+
+    def cells(self, solutions: bool = False) -> list:
+        """nbformat code cells for every exercise, tagged with their metadata
+        (``{"mplab": {"exercise": id}}``); filled in with the reference when `solutions`."""
+        import nbformat
+
+        return [nbformat.v4.new_code_cell(e.solution_code if solutions else e.starter,
+                                          metadata={CELL_METADATA_KEY: {"exercise": e.id}})
+                for e in self.exercises.values()]
+
+    # --- internals ------------------------------------------------------------------------------
+    def _check(self, ex: Exercise, answer) -> Result:
+        def result(status: str, message: str) -> Result:
+            return Result(ex.id, status, ex.points if status == "passed" else 0, ex.points,
+                          message)
+
+        try:
+            if ex.blank(answer):
+                return result("not attempted", "Not attempted yet: replace the ... with your "
+                              "answer and run the cell again.")
+            why = ex.check(answer)
+            if why is None and ex.hidden is not None and grading():
+                why = ex.hidden(answer)
+                if why is not None:
+                    why = "The public checks pass, but a hidden check does not. " + why
+        except Incorrect as e:
+            return result(e.status, str(e))
+        except Exception as e:  # the learner's object misbehaved somewhere inside the check
+            return result("error", f"Checking your answer raised {type(e).__name__}: {e}")
+        if why is not None:
+            return result("failed", why)
+        if ex.hidden is None:
+            return result("passed", "Passed.")
+        if grading():
+            return result("passed", "Passed: public and hidden checks.")
+        return result("passed", "Public checks passed. (Hidden checks run when the notebook "
+                      "is graded.)")
+
+
+def _log(record: dict) -> None:
+    """Append one JSON line to the grader's log, when there is one."""
+    path = os.environ.get(GRADE_LOG_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError:
+        pass  # a missing log must never break the learner's notebook
