@@ -168,6 +168,8 @@ def get_format(fmt) -> FloatFormat:
 
 # --- turning what a learner gives into an exact value ----------------------------------------
 
+# Powers of ten or two beyond this are 0 or inf in every format; past it, skip exact bignums.
+_MAX_EXPONENT = 400
 _CONSTANTS = {"pi": math.pi, "π": math.pi, "e": math.e, "tau": math.tau}
 
 
@@ -188,9 +190,14 @@ def parse_number(text: str) -> float | Fraction:
     try:
         if "**" in body or "^" in body:
             base, _, power = body.replace("^", "**").partition("**")
+            b, k = Fraction(base), int(power)
+            if abs(k) > _MAX_EXPONENT and b not in (0, 1):  # 0 or inf: skip the bignum
+                return sign * (math.inf if (b > 1) == (k > 0) else 0.0)
             return sign * Fraction(base) ** int(power)
+        if "/" not in body and abs(Decimal(body).adjusted()) > _MAX_EXPONENT:
+            return sign * float(body)  # 1e99999999 is inf to every format: don't build 10^99999999
         return sign * Fraction(body)
-    except (ValueError, ZeroDivisionError):
+    except (ValueError, ZeroDivisionError, ArithmeticError, OverflowError):
         raise ValueError(f"could not read {text!r} as a number; try forms like 0.1, -1e-8, 1/3, "
                          "2**-24, pi, inf or nan") from None
 
@@ -208,8 +215,8 @@ def _exact(x, exact: bool):
         raise TypeError(f"expected a real number (int, float, Fraction, Decimal or numeric text), "
                         f"got {x!r} of type {type(x).__name__}")
     if not exact and not isinstance(x, float):
-        x = float(x)  # torch sees every Python number as a double
-    if isinstance(x, Decimal) and not x.is_finite():
+        x = _to_float(x)  # torch sees every Python number as a double
+    if isinstance(x, Decimal) and (not x.is_finite() or abs(x.adjusted()) > _MAX_EXPONENT):
         x = float(x)
     if isinstance(x, float):
         sign = math.copysign(1.0, x) < 0
@@ -341,8 +348,16 @@ def _decode(bits: int, f: FloatFormat) -> tuple[bool, str, Fraction | float]:
     return bool(sign), kind, _fields_value(f, exp_field, man)
 
 
+def _to_float(value) -> float:
+    """float(value), but ±inf for a number beyond the doubles (10**400) instead of an error."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def _as_float(sign: bool, value) -> float:
-    v = float(value)
+    v = _to_float(value)
     return -v if sign else v
 
 

@@ -220,3 +220,13 @@ def test_format_table_lists_every_format_with_its_range():
     row = table.rows[table.column("format").index("fp16")]
     assert row["largest finite"] == 65504 and row["smallest subnormal"] == 2.0 ** -24
     assert "<table>" in table._repr_html_() and "65504" in str(table)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("huge", ["1e99999999", "-1e-99999999", "2**99999", "2**-99999", "1e400",
+                                  10 ** 400, -(10 ** 400), Decimal("1e99999999")])
+def test_numbers_beyond_every_format_are_quick_zeros_or_infinities(huge):
+    # a learner typing 1e99999999 must not make the kernel build a 100-million-digit integer
+    value = F.round_to(huge, "fp32", exact=True)
+    assert value in (0.0, math.inf, -math.inf)
+    assert F.round_to(huge, "fp16") == value
