@@ -32,3 +32,19 @@ def test_notebook_runs_top_to_bottom_in_a_fresh_kernel(path):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
               if o.output_type == "error"]
     assert not errors
+
+
+LESSONS = [p for p in NOTEBOOKS if p.name[:2].isdigit()]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_lesson_as_shipped_is_not_attempted_and_its_key_earns_full_marks(path):
+    from mplab.grade import grade_notebook
+
+    blank = grade_notebook(path, timeout=600)
+    assert blank["max"] > 0 and len(blank["exercises"]) >= 4
+    assert {e["status"] for e in blank["exercises"]} == {"not attempted"}, blank["exercises"]
+    assert not blank["problems"], blank["problems"]  # every other cell ran cleanly
+    key = grade_notebook(path, timeout=600, with_solutions=True)
+    assert key["total"] == key["max"] == blank["max"], key["exercises"]
