@@ -196,7 +196,8 @@ def parse_number(text: str) -> float | Fraction:
             return sign * Fraction(base) ** int(power)
         if "/" not in body and abs(Decimal(body).adjusted()) > _MAX_EXPONENT:
             return sign * float(body)  # 1e99999999 is inf to every format: don't build 10^99999999
-        return sign * Fraction(body)
+        value = Fraction(body)
+        return -0.0 if value == 0 and sign < 0 else sign * value  # keep the sign of "-0"
     except (ValueError, ZeroDivisionError, ArithmeticError, OverflowError):
         raise ValueError(f"could not read {text!r} as a number; try forms like 0.1, -1e-8, 1/3, "
                          "2**-24, pi, inf or nan") from None

@@ -188,6 +188,7 @@ def test_accepts_the_ways_a_learner_writes_numbers():
     assert F.round_to(torch.tensor([2.5]), "fp16") == 2.5
     assert F.parse_number("2**-24") == Fraction(1, 2 ** 24)
     assert F.parse_number("-pi") == -math.pi
+    assert math.copysign(1, F.parse_number("-0")) == -1 and F.to_bits("-0", "fp16") == 0x8000
     assert F.get_format(torch.bfloat16) is F.get_format("bf16")
 
 

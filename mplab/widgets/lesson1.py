@@ -1,0 +1,391 @@
+"""Lesson 1 widget: the precision explorer.
+
+    from mplab.widgets.lesson1 import precision_explorer
+    explorer = precision_explorer(0.1)
+    explorer          # show it; explorer.value is the number, readable and settable from Python
+
+One number in every format side by side: its bits as coloured boxes (click one to flip it),
+its neighbours in each format (◀ ▶), what each format stores and what that costs, and where
+the number sits on the plot of spacing against magnitude. Every figure comes from
+mplab.formats and mplab.plots; this module only builds the controls and renders results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import html
+import math
+import re
+import sys
+from decimal import ROUND_DOWN, Context, Decimal
+from typing import NamedTuple
+
+import ipywidgets as widgets
+import torch
+import traitlets
+
+from mplab import formats as F
+from mplab import plots
+from mplab.formats import FloatFormat
+
+__all__ = ["precision_explorer", "PrecisionExplorer", "read_number", "Reading", "presets",
+           "layer_weight", "exact_decimal", "cast_note", "FIELD_COLORS"]
+
+#: Colour of a bit box by field: (bit is 1, bit is 0).
+FIELD_COLORS = {
+    "sign": ("#c0392b", "#f5d5d1"),
+    "exponent": ("#1f6fb4", "#d3e4f4"),
+    "mantissa": ("#b86e00", "#f7e4c3"),
+}
+ACCEPTED = "numbers like 0.1, -1e-8, 65504, 1/3, 2**-24, pi, inf or nan"
+
+
+# --- what the explorer reads and shows (plain functions: tests call them directly) ----------
+
+@functools.cache
+def layer_weight(seed: int = 0, row: int = 0, col: int = 0) -> float:
+    """weight[row, col] of a torch.nn.Linear(768, 768) just initialised under manual_seed(seed).
+    The caller's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layer = torch.nn.Linear(768, 768)
+    return layer.weight[row, col].item()
+
+
+def presets() -> list[tuple[str, str]]:
+    """The preset dropdown's (label, text) pairs; the text is read like typed text."""
+    w = layer_weight()
+    return [("0.1", "0.1"), ("65504", "65504"), ("1e-8", "1e-8"), ("π", "pi"), ("1/3", "1/3"),
+            ("70000", "70000"), ("448", "448"),
+            (f"a weight of nn.Linear(768, 768) as initialised (seed 0, weight[0, 0]) = {w:.4g}",
+             repr(w))]
+
+
+# parse_number turns "1e99999999" into an exact integer of 10^8 digits, which takes minutes.
+_HUGE_EXPONENT = re.compile(r"(e|\*\*|\^)\s*[+-]?\s*\d{5,}", re.IGNORECASE)
+
+
+class Reading(NamedTuple):
+    """What the explorer makes of typed text: the Python float, and a word if that lost it."""
+
+    value: float
+    note: str = ""
+
+
+def read_number(text: str) -> Reading:
+    """The Python float the explorer holds for what a learner typed (via formats.parse_number).
+
+    Raises ValueError naming what was given and what is accepted.
+    """
+    if len(text) > 100 or _HUGE_EXPONENT.search(text):
+        raise ValueError(f"{text[:30]!r}{'…' if len(text) > 30 else ''} is too long or its "
+                         f"exponent too large (4 digits at most); try {ACCEPTED}")
+    exact = F.parse_number(text)  # ValueError: "could not read 'abc' as a number; try ..."
+    try:
+        x = float(exact)
+    except OverflowError:
+        raise ValueError(f"{text!r} is larger than the largest Python float "
+                         f"({sys.float_info.max!r}), the type the explorer holds; try a smaller "
+                         "number, or inf") from None
+    if x == 0 and exact != 0:
+        return Reading(x, f"{text.strip()} is closer to 0 than the smallest Python float "
+                          f"({math.ulp(0.0)!r}), so the explorer holds {x!r}.")
+    return Reading(x)
+
+
+def exact_decimal(v: float, max_digits: int = 30) -> str:
+    """Every binary float is a finite decimal: v's, digit for digit, cut to max_digits
+    significant digits (marked with …)."""
+    if not math.isfinite(v) or v == 0:
+        return repr(v)
+    exact = Decimal(v)
+    context = Context(prec=max_digits, rounding=ROUND_DOWN)
+    d = context.plus(exact)
+    cut = d != exact
+    d = d.normalize(context)
+    text = format(d, "f") if -7 <= d.adjusted() < 16 else format(d, "e")
+    return text + ("…" if cut else "")
+
+
+def cast_note(x: float, d, fmt) -> str:
+    """What the cast to fmt did to x, in words, when it did more than round (d: decompose)."""
+    f = F.get_format(fmt)
+    if not math.isfinite(x):
+        return ""
+    if x != 0 and d.kind == "zero":
+        return "underflow: became 0"
+    if d.kind == "inf":
+        return "overflow: became inf"
+    if d.kind == "nan":
+        return "overflow: became NaN"
+    if abs(x) > f.max_finite:
+        return "overflow: saturated at the largest finite"
+    if d.kind == "subnormal":
+        return "subnormal: fewer significant bits"
+    return ""
+
+
+def _num(v: float) -> str:
+    return "—" if v != v else f"{v:.3g}"
+
+
+def _field(f: FloatFormat, bit: int) -> str:
+    """The field that bit position (0 = least significant) belongs to."""
+    if bit == f.bits - 1:
+        return "sign"
+    return "exponent" if bit >= f.man_bits else "mantissa"
+
+
+# --- the widget --------------------------------------------------------------------------
+
+class _SignedFloat(traitlets.CFloat):
+    """A float trait that also notifies 0.0 -> -0.0 (== calls them equal; their bits differ)."""
+
+    def set(self, obj, value):
+        old = obj._trait_values.get(self.name)
+        super().set(obj, value)
+        new = obj._trait_values[self.name]
+        if old == new == 0 and math.copysign(1, old) != math.copysign(1, new):
+            obj._notify_trait(self.name, old, new)
+
+
+def _guarded(callback):
+    """A learner's click or keystroke must never raise into the kernel: show it instead."""
+    @functools.wraps(callback)
+    def run(self, *args):
+        try:
+            callback(self, *args)
+        except Exception as e:  # shown in the widget, not lost in a log
+            self._say(f"Something went wrong: {type(e).__name__}: {e}", error=True)
+    return run
+
+
+class _BitRow:
+    """One format's row: name, ◀, bit boxes grouped by field, ▶, stored value."""
+
+    def __init__(self, f: FloatFormat, explorer: PrecisionExplorer, styles, bit_layout, width):
+        self.f, self.bits = f, None
+        self.buttons = {}  # bit position (0 = least significant) -> Button
+        groups = {"sign": [], "exponent": [], "mantissa": []}
+        for bit in range(f.bits - 1, -1, -1):
+            field = _field(f, bit)
+            b = widgets.Button(description="0", style=styles[field][0], layout=bit_layout,
+                               tooltip=f"{f.name} bit {bit}: {field} (click to flip)")
+            b.add_class("mplab-bit")
+            b.add_class(f"mplab-bit-{f.name}-{bit}")
+            b.on_click(functools.partial(explorer._flip, f, bit))
+            self.buttons[bit] = b
+            groups[field].append(b)
+        self.styles = styles
+        step = widgets.Layout(width="28px", height="26px", padding="0", margin="0 4px")
+        self.down = widgets.Button(description="◀", layout=step,
+                                   tooltip=f"{f.name}: the next smaller number (next_down)")
+        self.up = widgets.Button(description="▶", layout=step,
+                                 tooltip=f"{f.name}: the next larger number (next_up)")
+        self.down.add_class(f"mplab-down-{f.name}")
+        self.up.add_class(f"mplab-up-{f.name}")
+        self.down.on_click(functools.partial(explorer._step, f, False))
+        self.up.on_click(functools.partial(explorer._step, f, True))
+        color = plots.FORMAT_COLORS.get(f.name, "black")
+        name = widgets.HTML(
+            f'<span title="{html.escape(f.title)}: 1 sign, {f.exp_bits} exponent, '
+            f'{f.man_bits} mantissa bits"><span style="color:{color}">■</span> '
+            f"<b>{f.name}</b></span>", layout=widgets.Layout(width="90px"))
+        self.value = widgets.HTML(layout=widgets.Layout(width="auto"))
+        self.value.add_class(f"mplab-value-{f.name}")
+        fields = [widgets.HBox(g, layout=widgets.Layout(margin="0 6px 0 0"))
+                  for g in groups.values() if g]
+        bits = widgets.HBox(fields, layout=widgets.Layout(width=width, flex="0 0 auto"))
+        self.box = widgets.HBox([name, self.down, bits, self.up, self.value],
+                                layout=widgets.Layout(align_items="center"))
+        self.box.add_class(f"mplab-row-{f.name}")
+
+    def show(self, d) -> None:
+        """Show the decomposition d (its bits and stored value); only changed bits are sent."""
+        for bit, button in self.buttons.items():
+            one = d.bits >> bit & 1
+            if self.bits is None or one != self.bits >> bit & 1:
+                with button.hold_sync():  # text and colour in one message
+                    button.description = str(one)
+                    button.style = self.styles[_field(self.f, bit)][0 if one else 1]
+        self.bits = d.bits
+        self.value.value = (f"<code>= {html.escape(repr(d.value))}</code> "
+                            f'<span style="color:#666">{d.kind}</span>')
+
+
+class PrecisionExplorer(widgets.VBox):
+    """One number in every format, bit by bit. Build it with :func:`precision_explorer`.
+
+    `value` is the number explored (a Python float, i.e. a double), readable and settable
+    from Python; `text`, `preset`, `rows[name].buttons[bit]`, `rows[name].down/.up`,
+    `message`, `table` and `plot` are the controls and outputs a test can drive.
+    """
+
+    value = _SignedFloat(0.1, help="the number being explored (a Python float)")
+
+    def __init__(self, value=0.1, formats=None):
+        super().__init__()
+        self.formats = [F.get_format(f) for f in (formats or F.FORMATS)]
+        if len({f.name for f in self.formats}) != len(self.formats):
+            raise ValueError(f"formats must have distinct names, got {formats!r}")
+        self._pending = {}  # what the next render should show besides the value
+        self._pin = None  # (format, bits) last clicked: kept when it is one of many NaNs
+        self._syncing = False
+        self._rendered = False
+
+        self.text = widgets.Text(description="Your number", placeholder=ACCEPTED,
+                                 continuous_update=False, style={"description_width": "initial"},
+                                 layout=widgets.Layout(width="330px"))
+        self.text.add_class("mplab-text")
+        self.preset = widgets.Dropdown(options=presets(), value=None, description="or pick",
+                                       style={"description_width": "initial"},
+                                       layout=widgets.Layout(width="360px"))
+        self.preset.add_class("mplab-preset")
+        self.message = widgets.HTML()
+        self.message.add_class("mplab-message")
+        self.current = widgets.HTML()
+        self.current.add_class("mplab-current")
+        widest = max(f.bits for f in self.formats)
+        width = f"{widest * 20 + 14}px"  # 19px boxes + 1px gap, 6px between fields
+        bit_layout = widgets.Layout(width="19px", height="26px", padding="0", margin="0 1px 0 0")
+        styles = {field: tuple(widgets.ButtonStyle(button_color=c, font_family="monospace",
+                                                   font_weight="bold" if one else "normal",
+                                                   text_color="white" if one else "#444")
+                               for one, c in ((True, colors[0]), (False, colors[1])))
+                  for field, colors in FIELD_COLORS.items()}
+        self.rows = {f.name: _BitRow(f, self, styles, bit_layout, width) for f in self.formats}
+        self.table = widgets.HTML()
+        self.table.add_class("mplab-table")
+        self._png = _ulp_frames(tuple(self.formats))
+        width, _ = self._png.canvas.get_width_height()  # its own size, smaller if need be
+        self.plot = widgets.Image(format="png", layout=widgets.Layout(
+            width=f"{width}px", max_width="100%", height="auto"))
+        self.plot.add_class("mplab-plot")
+        self.children = [
+            widgets.HTML("<b>Precision explorer</b>: one number, stored in every format."),
+            widgets.HBox([self.text, self.preset]), self.message, self.current,
+            widgets.HTML(_legend_html()),
+            *(row.box for row in self.rows.values()),
+            self.table, self.plot,
+        ]
+        self.add_class("mplab-explorer")
+        self.text.observe(self._on_text, "value")
+        self.preset.observe(self._on_preset, "value")
+        self.observe(self._on_value, "value")
+        self._show(read_number(value).value if isinstance(value, str) else value)
+
+    # --- callbacks: read the input, call mplab.formats, show ------------------------------
+    @_guarded
+    def _on_text(self, change) -> None:
+        if self._syncing:
+            return
+        try:
+            reading = read_number(change["new"])
+        except ValueError as e:
+            self._say(f"{e}. Still showing {self.value!r}.", error=True)
+            return
+        self._show(reading.value, text=change["new"])
+        self._say(reading.note)
+
+    @_guarded
+    def _on_preset(self, change) -> None:
+        if self._syncing or change["new"] is None:
+            return
+        self._show(read_number(change["new"]).value, text=change["new"], preset=change["new"])
+
+    @_guarded
+    def _flip(self, f: FloatFormat, bit: int, _button=None) -> None:
+        bits = self.rows[f.name].bits ^ (1 << bit)
+        self._show(F.from_bits(bits, f), pin=(f.name, bits))
+
+    @_guarded
+    def _step(self, f: FloatFormat, up: bool, _button=None) -> None:
+        stored = F.round_to(self.value, f)
+        self._show((F.next_up if up else F.next_down)(stored, f))
+        if math.isnan(stored):
+            self._say("NaN has no neighbours: flip a bit back, or type a number.")
+
+    def _on_value(self, change=None) -> None:
+        pending, self._pending = self._pending, {}
+        self._pin = pending.get("pin")
+        self._render(pending.get("text"), pending.get("preset"))
+        self._rendered = True
+
+    def _show(self, x, **pending) -> None:
+        """Make x the explorer's number; pending: the pin, text and preset to show with it."""
+        self._pending, self._rendered = pending, False
+        self.value = x
+        if not self._rendered:  # the same value again (0.10 typed for 0.1): traitlets is silent
+            self._on_value()
+
+    # --- rendering ---------------------------------------------------------------------------
+    def _say(self, text: str, error: bool = False) -> None:
+        color = "#b00020" if error else "#555"
+        self.message.value = f'<span style="color:{color}">{html.escape(text)}</span>'
+
+    def _render(self, text=None, preset=None) -> None:
+        x = self.value
+        self._say("")
+        self._syncing = True
+        try:
+            self.text.value = repr(x) if text is None else text
+            self.preset.value = preset
+        finally:
+            self._syncing = False
+        self.current.value = (f"x = <code>{html.escape(repr(x))}</code> "
+                              '<span style="color:#666">(a Python float, i.e. fp64; each row '
+                              "shows what a cast to that format stores)</span>")
+        table = []
+        for f in self.formats:
+            d = F.decompose(x, f)
+            if self._pin and self._pin[0] == f.name:  # keep the NaN pattern the learner made
+                s, e, m = F.field_bits(self._pin[1], f)
+                d = dataclasses.replace(d, bits=self._pin[1], sign=s, exponent=e, mantissa=m)
+            self.rows[f.name].show(d)
+            table.append((f, d))
+        self.table.value = _table_html(x, table)
+        self.plot.value = self._png.png(x)
+
+
+@functools.cache
+def _ulp_frames(formats: tuple[FloatFormat, ...]) -> plots.MarkerPng:
+    """One ulp plot per set of formats, shared by every explorer: drawing its static part
+    takes ~0.5 s, moving its marker ~30 ms (callbacks run one at a time, so sharing is safe)."""
+    return plots.MarkerPng(plots.ulp_plot(None, formats, pyplot=False), formats)
+
+
+def _legend_html() -> str:
+    boxes = "".join(
+        f'<span style="background:{one};color:white;padding:1px 6px;margin-right:2px;'
+        f'font-family:monospace;font-weight:bold">1</span>'
+        f'<span style="background:{zero};color:#444;padding:1px 6px;margin-right:6px;'
+        f'font-family:monospace">0</span>{field} &nbsp;&nbsp; '
+        for field, (one, zero) in FIELD_COLORS.items())
+    return (f'<div style="margin:4px 0">{boxes}<span style="color:#555">Click a bit to flip '
+            "it; ◀ ▶ step to the neighbouring number in that format.</span></div>")
+
+
+def _table_html(x: float, rows) -> str:
+    head = ["format", "stored value, exactly", "kind", "abs. error", "rel. error",
+            "spacing here (ulp)", "bits", "note"]
+    th = "".join(f'<th style="padding:2px 8px;text-align:left">{h}</th>' for h in head)
+    body = []
+    for f, d in rows:
+        spacing = F.ulp(d.value, f) if math.isfinite(d.value) else math.nan
+        cells = [f"<b>{f.name}</b>", f"<code>{exact_decimal(d.value)}</code>", d.kind,
+                 _num(d.abs_error), _num(d.rel_error), _num(spacing),
+                 f"<code>0x{d.bits:0{(f.bits + 3) // 4}X}</code>",
+                 f'<span style="color:#b00020">{cast_note(x, d, f)}</span>']
+        body.append("<tr>" + "".join(f'<td style="padding:2px 8px">{c}</td>' for c in cells)
+                    + "</tr>")
+    return (f'<table style="border-collapse:collapse;font-size:12px;line-height:1.5;'
+            f'margin:6px 0">'
+            f'<thead><tr style="border-bottom:1px solid #999">{th}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table>")
+
+
+def precision_explorer(value=0.1, formats=None) -> PrecisionExplorer:
+    """The precision explorer for value (a number, or text like "1/3"), over formats
+    (default: every format in mplab.formats.FORMATS). `.value` is the number it shows."""
+    return PrecisionExplorer(value, formats)

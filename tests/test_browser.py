@@ -1,0 +1,274 @@
+"""The precision explorer in a real headless Chromium: in JupyterLab and as a Voila page.
+
+Each test starts its own server on a free port with its own runtime and config folders, and
+shuts it down afterwards (its kernels too), pass or fail. Debian's Chromium drives it through
+Playwright; nothing is downloaded and nothing needs the network. On a failure a screenshot is
+saved in the test's tmp_path; a passing JupyterLab test leaves one of the explorer there too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from mplab import formats as F
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+WAIT_S = 90  # the longest any single wait may take
+FLIP = ("fp16", 14)  # the bit the tests click: fp16's top exponent bit
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"browser tests need Debian's Chromium at {CHROMIUM}", allow_module_level=True)
+sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def isolated_env(tmp: Path) -> dict:
+    """Environment for a server whose runtime, config, data (notebook signatures) and IPython
+    files stay under tmp; installed kernels and extensions are still found in sys.prefix."""
+    env = dict(os.environ)
+    for var, name in (("JUPYTER_RUNTIME_DIR", "runtime"), ("JUPYTER_CONFIG_DIR", "config"),
+                      ("JUPYTER_DATA_DIR", "data"), ("IPYTHONDIR", "ipython")):
+        env[var] = str(tmp / name)
+        (tmp / name).mkdir(parents=True, exist_ok=True)
+    env["PYTHONUNBUFFERED"] = "1"
+    # no news or update checks (there is no network), no windowing: every cell is in the DOM
+    settings = tmp / "config" / "lab" / "user-settings" / "@jupyterlab"
+    for ext, name, value in (("apputils-extension", "notification",
+                              {"fetchNews": "false", "checkForUpdates": False}),
+                             ("notebook-extension", "tracker", {"windowingMode": "none"})):
+        (settings / ext).mkdir(parents=True, exist_ok=True)
+        (settings / ext / f"{name}.jupyterlab-settings").write_text(json.dumps(value))
+    return env
+
+
+def wait_until(check, what: str, timeout: float = WAIT_S, every: float = 0.25):
+    """Poll check() until it returns something truthy; fail naming `what` after timeout s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+@contextlib.contextmanager
+def running(cmd: list[str], *, env: dict, cwd: Path, log: Path, port: int, ready_url: str | None):
+    """Run a server until the block ends, then stop it and every process it started."""
+    import psutil
+
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    server = psutil.Process(proc.pid)
+    children: dict[int, psutil.Process] = {}
+
+    def up():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[2]} exited with {proc.returncode}:\n"
+                               + log.read_text(errors="replace")[-3000:])
+        try:
+            if ready_url is None:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return True
+            with urllib.request.urlopen(ready_url, timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_until(up, f"{cmd[2]} to answer on port {port}")
+        yield proc
+    finally:
+        with contextlib.suppress(psutil.Error):  # its kernels, though in sessions of their own
+            children.update({c.pid: c for c in server.children(recursive=True)})
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # a Jupyter server shuts its kernels down on TERM
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        for child in children.values():
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(WAIT_S * 1000)
+    page = context.new_page()
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+@contextlib.contextmanager
+def screenshot_on_failure(page, path: Path):
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            page.screenshot(path=str(path), full_page=True)
+            print(f"screenshot of the failure: {path}")
+        raise
+
+
+def flipped(value: float) -> float:
+    """What the explorer's value becomes when the test's bit is clicked."""
+    fmt, bit = FLIP
+    return F.from_bits(F.to_bits(value, fmt) ^ (1 << bit), fmt)
+
+
+def bit_button(page):
+    fmt, bit = FLIP
+    return page.locator(f".mplab-bit-{fmt}-{bit}")
+
+
+# --- JupyterLab ------------------------------------------------------------------------------
+
+@pytest.fixture
+def lab(tmp_path):
+    """JupyterLab serving a temporary copy of notebooks/; yields (base url, token, runtime dir)."""
+    root = tmp_path / "root"
+    shutil.copytree(NOTEBOOKS, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    env = isolated_env(tmp_path)
+    port, token = free_port(), secrets.token_hex(16)
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
+           f"--port={port}", f"--IdentityProvider.token={token}", "--allow-root",
+           f"--ServerApp.root_dir={root}"]
+    with running(cmd, env=env, cwd=root, log=tmp_path / "lab.log", port=port,
+                 ready_url=f"{base}/api/status?token={token}"):
+        yield base, token, Path(env["JUPYTER_RUNTIME_DIR"])
+
+
+def kernel_of(base: str, token: str, notebook: str) -> str:
+    with urllib.request.urlopen(f"{base}/api/sessions?token={token}", timeout=10) as r:
+        sessions = json.load(r)
+    return next((s["kernel"]["id"] for s in sessions if s["path"].endswith(notebook)), None)
+
+
+@contextlib.contextmanager
+def kernel_client(kernel_id: str, runtime_dir: Path):
+    """A second client of the notebook's own kernel, through its connection file."""
+    from jupyter_client import BlockingKernelClient, find_connection_file
+
+    client = BlockingKernelClient(connection_file=find_connection_file(
+        f"kernel-{kernel_id}.json", path=[str(runtime_dir)]))
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=WAIT_S)
+        yield client
+    finally:
+        client.stop_channels()
+
+
+def kernel_value(client, expression: str) -> str:
+    """repr(expression) as the kernel computes it. The request queues behind any cells the
+    notebook is still running, so an answer also means the kernel has finished those."""
+    out = []
+
+    def keep(msg):
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+
+    reply = client.execute_interactive(f"print(repr({expression}))", timeout=WAIT_S,
+                                       output_hook=keep)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return "".join(out).strip()
+
+
+def test_clicking_a_bit_in_jupyterlab_changes_the_kernels_value(lab, page, tmp_path):
+    base, token, runtime_dir = lab
+    notebook = "01_float_formats.ipynb"
+    with screenshot_on_failure(page, tmp_path / "failure.png"):
+        page.goto(f"{base}/lab/tree/{notebook}?token={token}")
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+        wait_until(lambda: kernel_of(base, token, notebook), "the notebook's kernel")
+        page.locator(".lm-MenuBar-itemLabel").filter(has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-itemLabel").filter(
+            has_text=re.compile(r"^Run All Cells$")).click()
+        button = bit_button(page)
+        button.wait_for(state="visible")
+        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
+            before = float(kernel_value(client, "explorer.value"))  # every cell has run
+            expected = flipped(before)
+            assert expected != before
+            button.scroll_into_view_if_needed()
+            button.click()
+            fmt = FLIP[0]
+            page.locator(f".mplab-value-{fmt}").filter(has_text=f"= {expected!r}").wait_for()
+            assert float(kernel_value(client, "explorer.value")) == expected
+            assert kernel_value(client, f"explorer.rows[{fmt!r}].bits") == repr(
+                F.to_bits(expected, fmt))
+        page.locator(".mplab-explorer").screenshot(path=str(tmp_path / "explorer-lab.png"))
+
+
+# --- Voila -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def voila(tmp_path):
+    """`voila notebooks/precision_explorer.ipynb` on a free port; yields its base url."""
+    env = isolated_env(tmp_path)
+    port = free_port()
+    cmd = [sys.executable, "-m", "voila", "notebooks/precision_explorer.ipynb", "--no-browser",
+           f"--port={port}", "--Voila.ip=127.0.0.1", f"--Voila.connection_dir_root={tmp_path}"]
+    # readiness by TCP: a GET of the page would itself start a kernel and run the notebook
+    with running(cmd, env=env, cwd=ROOT, log=tmp_path / "voila.log", port=port, ready_url=None):
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_clicking_a_bit_on_the_voila_page_shows_the_new_value(voila, page, tmp_path):
+    fmt = FLIP[0]
+    expected = flipped(0.1)  # the page's explorer starts at 0.1
+    with screenshot_on_failure(page, tmp_path / "failure.png"):
+        page.goto(voila + "/", timeout=WAIT_S * 1000)
+        button = bit_button(page)
+        button.wait_for(state="visible")
+        value = page.locator(f".mplab-value-{fmt}")
+        assert f"= {F.round_to(0.1, fmt)!r}" in value.inner_text()
+        button.click()
+        value.filter(has_text=f"= {expected!r}").wait_for()
+        page.locator(".mplab-current").filter(has_text=repr(expected)).wait_for()
+        page.locator(".mplab-explorer").screenshot(path=str(tmp_path / "explorer-voila.png"))
