@@ -37,7 +37,7 @@ from mplab._display import Table
 __all__ = [
     "FloatFormat", "FORMATS", "get_format", "parse_number", "from_bits", "to_bits", "round_to",
     "decompose", "Decomposed", "ulp", "next_up", "next_down", "format_table", "field_bits",
-    "E4M3_NAN_ON_OVERFLOW", "compare",
+    "E4M3_NAN_ON_OVERFLOW", "compare", "floor_log2",
 ]
 
 
@@ -228,6 +228,12 @@ def _exact(x, exact: bool):
         return sign, Fraction(abs(x))
     value = Fraction(x)
     return value < 0, abs(value)
+
+
+def floor_log2(q) -> int:
+    """floor(log2(q)), exactly, for a positive int or Fraction."""
+    q = Fraction(q)
+    return _floor_log2(q.numerator, q.denominator)
 
 
 def _floor_log2(n: int, d: int) -> int:

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from mplab._display import Table
-from mplab.formats import FloatFormat, get_format
+from mplab.formats import FloatFormat, floor_log2, get_format
 
 __all__ = [
     "as_scale", "CastStats", "cast_stats", "Magnitudes", "Capture", "capture", "KINDS",
@@ -766,12 +766,6 @@ def good_scale_window(sweep, underflow_tol: float = 1e-3, overflow_tol: float = 
     return (min(good), max(good)) if good else None
 
 
-def _floor_log2(q: Fraction) -> int:
-    n, d = q.numerator, q.denominator
-    e = n.bit_length() - d.bit_length()
-    return e if (n << max(0, -e)) >= (d << max(0, e)) else e - 1
-
-
 def largest_safe_scale(tensors, fmt="fp16") -> float:
     """The largest power of two s with s · max|x| ≤ the format's largest finite number
     (over the finite values; inf when all are zero), capped at 2^127, the largest power of two
@@ -780,7 +774,7 @@ def largest_safe_scale(tensors, fmt="fp16") -> float:
     top = max(p.max_abs for p in _parts(tensors))
     if top == 0:
         return math.inf
-    return math.ldexp(1.0, min(_floor_log2(f.max_finite / Fraction(top)), 127))
+    return math.ldexp(1.0, min(floor_log2(f.max_finite / Fraction(top)), 127))
 
 
 # --- swamping and master weights ---------------------------------------------------------------
@@ -902,7 +896,7 @@ def swamp_threshold(update, fmt="fp16") -> float:
     u = Fraction(abs(_real(update, "update")))
     if u <= f.min_subnormal / 2:
         return 0.0
-    ceil_log2 = -_floor_log2(1 / u)  # smallest k with 2^k >= u
+    ceil_log2 = -floor_log2(1 / u)  # smallest k with 2^k >= u
     e = ceil_log2 + f.man_bits + 1
     return math.ldexp(1.0, e) if e <= f.emax else math.inf
 
