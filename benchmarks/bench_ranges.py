@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import math
 import statistics
 import time
 
@@ -99,6 +100,20 @@ def main() -> None:
         print(f"{what:<30}{med:>9.0f}{mx:>9.0f}")
     verdict = "under" if rows[0][1] < BUDGET_REDRAW_MS else "OVER"
     print(f"redraw median {rows[0][1]:.0f} ms: {verdict} the {BUDGET_REDRAW_MS:g} ms budget")
+
+    # The lesson's widget: one slider move is everything the kernel does for it (histogram
+    # PNG, per-layer stats, summary and table HTML), timed around the trait change.
+    from mplab.widgets.lesson2 import loss_scale_explorer
+
+    explorer = loss_scale_explorer(cap)
+    moves = []
+    for k in [int(math.log2(s)) for s in scales[1:]] + [0]:
+        _, t = timed(lambda k=k: setattr(explorer, "log2_scale", k))
+        moves.append(t * 1e3)
+    med, mx = statistics.median(moves), max(moves)
+    verdict = "under" if med < BUDGET_REDRAW_MS else "OVER"
+    print(f"loss_scale_explorer slider move: median {med:.0f} ms, max {mx:.0f} ms over "
+          f"{len(moves)} moves: {verdict} the {BUDGET_REDRAW_MS:g} ms budget")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from mplab import ranges
 from mplab.formats import FORMATS, FloatFormat, get_format, ulp
 
 __all__ = ["FORMAT_COLORS", "ulp_steps", "ulp_plot", "mark_ulp", "closeup_range", "MarkerPng",
-           "BAND_COLORS", "exponent_histogram_plot", "scale_sweep_plot"]
+           "BAND_COLORS", "exponent_histogram_plot", "scale_sweep_plot", "swamping_plot"]
 
 #: One colour per format, shared by every plot and widget that names a format.
 FORMAT_COLORS = {
@@ -389,4 +389,38 @@ def scale_sweep_plot(sweep, ax=None, *, window=None, pyplot: bool = True) -> Fig
                  fontsize=10)
     ax.grid(True, alpha=0.25)
     ax.legend(fontsize=8)
+    return ax.figure
+
+
+def swamping_plot(run, ax=None, *, pyplot: bool = True) -> Figure:
+    """The weight over the steps of a :func:`mplab.ranges.swamping_run`: what the format kept
+    (and the fp32 master copy, if any) against the exact sum, with the first lost update
+    marked. Returns the figure."""
+    if not isinstance(run, ranges.SwampRun):
+        raise TypeError(f"swamping_plot takes what mplab.ranges.swamping_run returns, got "
+                        f"{type(run).__name__}")
+    if ax is None:
+        fig = _new_figure((6.5, 3.0), pyplot)
+        ax = fig.subplots()
+        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.16, top=0.88)
+    steps = np.arange(run.steps + 1)
+    ax.plot(steps, run.exact, "--", color="0.4", lw=1, label="exact: w0 + k·update")
+    if run.master_weights is not None:
+        ax.plot(steps, run.master_weights, color=FORMAT_COLORS["fp32"], lw=2.5, alpha=0.6,
+                label="fp32 master weight")
+    ax.plot(steps, run.weights, color=FORMAT_COLORS.get(run.fmt, "#f58518"), lw=1.5,
+            label=f"weight the model uses ({run.fmt})")
+    if run.first_lost is not None:
+        k = run.first_lost
+        ax.axvline(k, color="#b00020", lw=1, ls=":")
+        ax.annotate(f"step {k}: updates start to vanish", xy=(k, run.weights[k]),
+                    xytext=(0.45, 0.12), textcoords="axes fraction", fontsize=8,
+                    color="#b00020", arrowprops={"arrowstyle": "->", "color": "#b00020"})
+    how = "fp32 master weights" if run.master else f"weights kept in {run.fmt}"
+    ax.set_title(f"w ← w + {run.update:.3g}, {how}: {run.lost_steps} of {run.steps} "
+                 "updates lost", fontsize=10)
+    ax.set_xlabel("step")
+    ax.set_ylabel("weight")
+    ax.grid(True, alpha=0.25)
+    ax.legend(fontsize=8, loc="upper left")
     return ax.figure

@@ -50,7 +50,7 @@ from mplab.formats import FloatFormat, floor_log2, get_format
 __all__ = [
     "as_scale", "CastStats", "cast_stats", "Magnitudes", "Capture", "capture", "KINDS",
     "ExponentHistogram", "exponent_histogram", "Band", "format_bands", "DEFAULT_BINS",
-    "SCALES", "scale_sweep", "good_scale_window", "largest_safe_scale",
+    "lesson_capture", "SCALES", "scale_sweep", "good_scale_window", "largest_safe_scale",
     "SwampRun", "swamping_run", "RunningSum", "running_sum", "swamp_threshold",
     "OverflowDemo", "StageRecord", "overflow_demo",
 ]
@@ -217,9 +217,16 @@ class CastStats:
         """Finite nonzero values before the cast."""
         return self.underflow + self.subnormal + self.normal + self.overflow
 
+    @property
+    def lost_frac(self) -> float:
+        """The share of the nonzero values that the cast flushed to 0 (the paper's measure:
+        zeros that were zeros anyway are not lost); 0.0 when there are none."""
+        return self.underflow / self.nonzero if self.nonzero else 0.0
+
     def row(self) -> dict:
         """The counts as fractions of all values, for a table row."""
         return {"values": self.count, "zero": self.zero_frac, "underflow": self.underflow_frac,
+                "lost (of nonzero)": self.lost_frac,
                 "subnormal": self.subnormal_frac, "overflow": self.overflow_frac,
                 "inf/NaN": self.inf + self.nan, "mean rel. error": self.mean_rel_error,
                 "max rel. error": self.max_rel_error, "max |x|": self.max_abs}
@@ -332,6 +339,11 @@ class Magnitudes:
     @property
     def max_abs(self) -> float:
         return float(self.values[-1]) if self.values.size else 0.0
+
+    @property
+    def min_abs(self) -> float:
+        """The smallest finite nonzero magnitude (0.0 when there is none)."""
+        return float(self.values[0]) if self.values.size else 0.0
 
     def __len__(self) -> int:
         return self.count
@@ -722,6 +734,38 @@ def capture(model: nn.Module, batch, loss_fn=None, layers=None) -> Capture:
                    float(loss.detach()), types)
 
 
+@cache
+def lesson_capture(steps: int = 150, batch_size: int = 32, seed: int = 0) -> Capture:
+    """The lessons' capture: the lesson model (mplab.models.lesson_model(seed=seed)) trained
+    `steps` fp32 AdamW steps (lr 1e-3) on the shipped sentiment reviews, then one captured step
+    on the first `batch_size` training reviews. A model part-way through training, not just
+    initialised: its gradients have shrunk as its loss fell, as a real run's do.
+
+    About 5 s on 2 CPU cores; cached, so a notebook and its exercises share one capture.
+    """
+    from mplab.data import batches, encode, load_dataset
+    from mplab.models import lesson_model, lesson_tokenizer
+
+    for name, v, lo in (("steps", steps, 0), ("batch_size", batch_size, 1), ("seed", seed, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an integer of at least {lo}, got {v!r}")
+    ds = load_dataset("sentiment", "train")
+    enc = encode(lesson_tokenizer(), ds.texts, ds.labels)
+    model = lesson_model(seed=seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    done = 0
+    while done < steps:
+        for batch in batches(enc, batch_size, seed=seed + done, device="cpu", by_length=True):
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            done += 1
+            if done == steps:
+                break
+    first = next(batches(enc, batch_size, shuffle=False, device="cpu"))
+    return capture(model, first)
+
+
 # --- choosing a loss scale ---------------------------------------------------------------------
 
 def scale_sweep(tensors, fmt="fp16", scales=None) -> Table:
@@ -743,26 +787,29 @@ def scale_sweep(tensors, fmt="fp16", scales=None) -> Table:
         s = _scale32(scale)
         st = _total([p.stats(f, s, rel_error=False) for p in parts], f, s)
         rows.append({"scale": s, "log2 scale": math.log2(s), "zero": st.zero_frac,
-                     "underflow": st.underflow_frac, "subnormal": st.subnormal_frac,
+                     "underflow": st.underflow_frac, "lost (of nonzero)": st.lost_frac,
+                     "subnormal": st.subnormal_frac,
                      "overflow": st.overflow_frac, "max |x·scale|": st.max_abs * s})
     return Table(rows, title=f"Scale sweep: fractions of all values cast to {f.name}")
 
 
-def good_scale_window(sweep, underflow_tol: float = 1e-3, overflow_tol: float = 0.0
-                      ) -> tuple[float, float] | None:
+def good_scale_window(sweep, underflow_tol: float = 1e-3, overflow_tol: float = 0.0, *,
+                      of_nonzero: bool = False) -> tuple[float, float] | None:
     """(lowest, highest) scale of a :func:`scale_sweep` whose underflow fraction is at most
     underflow_tol and overflow fraction at most overflow_tol (0: no overflow at all);
-    None when no scale in the sweep is good."""
+    None when no scale in the sweep is good. Fractions are of all values, or with
+    ``of_nonzero=True`` the underflow is the share of the nonzero values lost."""
+    under = "lost (of nonzero)" if of_nonzero else "underflow"
     rows = list(sweep)
-    if not rows or not all(isinstance(r, Mapping) and {"scale", "underflow", "overflow"} <= set(r)
+    if not rows or not all(isinstance(r, Mapping) and {"scale", under, "overflow"} <= set(r)
                            for r in rows):
-        raise ValueError("good_scale_window takes the table scale_sweep returns (rows with "
-                         "'scale', 'underflow' and 'overflow')")
+        raise ValueError(f"good_scale_window takes the table scale_sweep returns (rows with "
+                         f"'scale', {under!r} and 'overflow')")
     for name, tol in (("underflow_tol", underflow_tol), ("overflow_tol", overflow_tol)):
         if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0 <= tol <= 1:
             raise ValueError(f"{name} is a fraction of values from 0 to 1, got {tol!r}")
     good = [r["scale"] for r in rows
-            if r["underflow"] <= underflow_tol and r["overflow"] <= overflow_tol]
+            if r[under] <= underflow_tol and r["overflow"] <= overflow_tol]
     return (min(good), max(good)) if good else None
 
 

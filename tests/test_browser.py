@@ -272,3 +272,37 @@ def test_clicking_a_bit_on_the_voila_page_shows_the_new_value(voila, page, tmp_p
         value.filter(has_text=f"= {expected!r}").wait_for()
         page.locator(".mplab-current").filter(has_text=repr(expected)).wait_for()
         page.locator(".mplab-explorer").screenshot(path=str(tmp_path / "explorer-voila.png"))
+
+
+@pytest.mark.timeout(600)
+def test_moving_the_loss_scale_slider_in_jupyterlab_redraws_the_table(lab, page, tmp_path):
+    base, token, runtime_dir = lab
+    notebook = "02_underflow_overflow.ipynb"
+    with screenshot_on_failure(page, tmp_path / "failure.png"):
+        page.goto(f"{base}/lab/tree/{notebook}?token={token}")
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+        wait_until(lambda: kernel_of(base, token, notebook), "the notebook's kernel")
+        page.locator(".lm-MenuBar-itemLabel").filter(has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-itemLabel").filter(
+            has_text=re.compile(r"^Run All Cells$")).click()
+        explorer = page.locator(".mplab-loss-scale")
+        summary = explorer.locator(".mplab-scale-summary")
+        # the lesson trains its model for a few seconds first: wait for it longer
+        summary.filter(has_text="At scale 2^0 ").wait_for(timeout=4 * WAIT_S * 1000)
+        table = explorer.locator(".mplab-scale-table")
+        before = table.inner_text()
+        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
+            assert kernel_value(client, "explorer.log2_scale") == "0"
+            handle = explorer.locator(".mplab-scale-slider .noUi-handle")
+            handle.scroll_into_view_if_needed()
+            handle.focus()
+            for _ in range(3):  # the keyboard moves the slider a step at a time
+                page.keyboard.press("ArrowRight")
+            summary.filter(has_text="At scale 2^3 ").wait_for()
+            assert kernel_value(client, "explorer.log2_scale") == "3"
+            wait_until(lambda: table.inner_text() != before, "the table to change")
+            # what the page shows is what the kernel computed for 2^3
+            shown = kernel_value(client,
+                                 "__import__('re').sub('<.*?>', '', explorer.summary.value)")
+            assert " ".join(summary.inner_text().split()) == " ".join(eval(shown).split())
+        explorer.screenshot(path=str(tmp_path / "loss-scale-lab.png"))

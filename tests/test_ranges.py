@@ -449,6 +449,47 @@ def test_good_scale_window_and_largest_safe_scale():
         R.good_scale_window([{"scale": 1.0}])
 
 
+def test_lost_frac_is_the_share_of_nonzero_values_torch_flushes_and_windows_can_use_it():
+    x = grads_like()
+    x[::3] = 0.0  # exact zeros lose nothing
+    for fmt in ("fp16", "bf16", "fp8_e5m2"):
+        for scale in (1.0, 2.0**9):
+            d = direct(x, fmt, scale)
+            nonzero = d["underflow"] + d["subnormal"] + d["normal"] + d["overflow"]
+            st = R.cast_stats(x, fmt, scale)
+            assert st.lost_frac == d["underflow"] / nonzero
+            assert st.row()["lost (of nonzero)"] == st.lost_frac
+    assert R.cast_stats(torch.zeros(4), "fp16").lost_frac == 0.0
+    sweep = R.scale_sweep(x, "fp16")
+    lost = sweep.column("lost (of nonzero)")
+    assert lost[0] > sweep[0]["underflow"]  # a share of fewer values
+    lo, hi = R.good_scale_window(sweep, underflow_tol=0.01, of_nonzero=True)
+    by = {r["scale"]: r for r in sweep}
+    assert by[lo]["lost (of nonzero)"] <= 0.01 < by[lo / 2]["lost (of nonzero)"]
+    m = R.Magnitudes(x)
+    assert m.min_abs == x[x != 0].abs().min().item() and R.Magnitudes(torch.zeros(2)).min_abs == 0
+
+
+@pytest.mark.parametrize("bad", [{"steps": -1}, {"batch_size": 0}, {"seed": "0"},
+                                 {"steps": True}])
+def test_lesson_capture_rejects_bad_settings(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        R.lesson_capture(**bad)
+
+
+def test_swamping_plot_draws_the_run_and_marks_the_first_lost_update():
+    run = R.swamping_run(1.0, 1e-4, 50, "fp16")
+    fig = plots.swamping_plot(run, pyplot=False)
+    lines = fig.axes[0].get_lines()
+    assert any((line.get_ydata() == run.weights).all() for line in lines)
+    assert "50 of 50 updates lost" in fig.axes[0].get_title()
+    master = plots.swamping_plot(R.swamping_run(1.0, 1e-4, 50, "fp16", master=True),
+                                 pyplot=False)
+    assert len(master.axes[0].get_lines()) == 3  # exact, master, the weight used
+    with pytest.raises(TypeError, match="swamping_run"):
+        plots.swamping_plot([1.0, 2.0])
+
+
 # --- swamping -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt,k", [("fp16", 11), ("bf16", 8)])

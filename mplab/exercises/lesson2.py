@@ -1,0 +1,379 @@
+"""Lesson 2, underflow, overflow and swamping: the exercises.
+
+    from mplab.exercises import lesson2 as ex
+    ex.check("2.1", answer); ex.hint("2.1"); ex.solution("2.1")
+
+Every reference answer is computed by :mod:`mplab.ranges` with torch's own casts; 2.2 and 2.4
+are about the lesson's captured step (:func:`mplab.ranges.lesson_capture`, the same one the
+notebook looks at), so the answers are this model's, not a textbook's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mplab import ranges
+from mplab.exercises import Exercise, Incorrect, Lesson, as_number, call, is_blank
+from mplab.formats import get_format, ulp
+
+FP16 = get_format("fp16")
+
+
+def _power_of_two(x: float) -> bool:
+    return x > 0 and math.isfinite(x) and math.frexp(x)[0] == 0.5
+
+
+def _scale_answer(answer) -> float:
+    got = as_number(answer)
+    if not got > 0 or not math.isfinite(got):
+        raise Incorrect(f"A loss scale is a positive finite number such as 2**10; got {got!r}.")
+    return got
+
+
+# --- 2.1 the smallest scale that saves a gradient ---------------------------------------------
+
+G_2_1 = 3e-9
+
+
+def _smallest(kept: str) -> float:
+    """The smallest 2^k that makes G_2_1 · 2^k a `kept` ("normal" or nonzero) fp16 value."""
+    for k in range(64):
+        st = ranges.cast_stats(torch.tensor([G_2_1]), FP16, 2.0**k)
+        if st.normal or (kept == "nonzero" and st.subnormal):
+            return 2.0**k
+    raise AssertionError("no scale up to 2^63 keeps the gradient")  # cannot happen for 3e-9
+
+
+def _check_2_1(answer) -> str | None:
+    got = _scale_answer(answer)
+    want = _smallest("normal")
+    if got == want:
+        return None
+    if got == math.log2(want):
+        return "That looks like the exponent k; give the scale itself, 2**k."
+    if not _power_of_two(got):
+        return ("Give a power of two: multiplying by 2^k only adds k to the exponent, so the "
+                "scaling itself is exact (any other factor rounds every value once more).")
+    if got == _smallest("nonzero"):
+        return ("At that scale the gradient no longer flushes to 0, but it lands among the "
+                "subnormals, where it keeps only a few significant bits. The question asks for "
+                "a normal number: look at fp16's smallest *normal* value.")
+    if got < want:
+        return (f"Too small: {G_2_1:g} × that scale is still below fp16's smallest normal "
+                "number.")
+    return ("That works, but a smaller power of two does too: the question asks for the "
+            "smallest, which leaves the most headroom below overflow.")
+
+
+# --- 2.2 the largest scale that does not overflow ---------------------------------------------
+
+def _activation_grads() -> list[ranges.Magnitudes]:
+    return list(ranges.lesson_capture().magnitudes("activation_grads").values())
+
+
+def _check_2_2(answer) -> str | None:
+    got = _scale_answer(answer)
+    mags = _activation_grads()
+    want = ranges.largest_safe_scale(mags, FP16)
+    top = max(m.max_abs for m in mags)
+    if got == want:
+        return None
+    if not _power_of_two(got):
+        return ("Give a power of two: a scale of 2^k only shifts exponents, so it adds no "
+                "rounding error of its own.")
+    if got > want:
+        return (f"At that scale the largest activation gradient, about {top:.3g}, becomes "
+                f"{top * got:,.0f}, past fp16's largest finite value: it overflows to inf "
+                "and the step would be skipped.")
+    return ("Safe, but a larger power of two is safe too, and every doubling saves another "
+            "binade of small gradients from underflow.")
+
+
+# --- 2.3 is this update swamped? --------------------------------------------------------------
+
+CASES_2_3 = ((1.0, 1e-4, "fp16"), (1.0, 1e-3, "fp16"), (1.0, 1e-3, "bf16"),
+             (2048.0, 1.0, "fp16"), (0.01, 1e-5, "fp16"), (1.0, 1e-4, "fp32"))
+
+
+def is_swamped(w: float, update: float, fmt: str) -> bool:
+    """Whether w + update, rounded to fmt, is w again (torch's cast decides)."""
+    return ranges.swamping_run(w, update, 1, fmt).lost_steps == 1
+
+
+def _why_2_3(w: float, update: float, fmt: str) -> str:
+    stored = ranges.swamping_run(w, 0.0, 0, fmt).final
+    return (f"{(w, update, fmt)}: next to {stored:g}, {fmt}'s numbers are {ulp(stored, fmt):.3g} "
+            f"apart, and the sum rounds to the nearest one. Compare the update with half that "
+            "spacing (a tie rounds to the neighbour with an even last bit).")
+
+
+def _check_2_3(answer) -> str | None:
+    if not isinstance(answer, dict):
+        raise Incorrect("Give a dict mapping each (w, update, format) case to True (the update "
+                        f"is lost) or False, like the starter's; got a {type(answer).__name__}.")
+    missing = [c for c in CASES_2_3 if c not in answer or answer[c] is ...]
+    if missing:
+        return "Answer every case; still missing: " + ", ".join(map(repr, missing)) + "."
+    bad = [c for c in CASES_2_3 if not isinstance(answer[c], bool)]
+    if bad:
+        return "; ".join(f"{c!r}: {answer[c]!r} is not True or False" for c in bad) + "."
+    wrong = [c for c in CASES_2_3 if answer[c] != is_swamped(*c)]
+    if not wrong:
+        return None
+    return (f"{len(wrong)} of {len(CASES_2_3)} are not right yet:\n"
+            + "\n".join("- " + _why_2_3(*c) for c in wrong))
+
+
+def _blank_2_3(answer) -> bool:
+    return is_blank(answer) or (isinstance(answer, dict) and bool(answer)
+                                and all(v is ... for v in answer.values()))
+
+
+# --- 2.4 the layer that loses most ------------------------------------------------------------
+
+def _layer_stats() -> dict[str, ranges.CastStats]:
+    return ranges.lesson_capture().stats(FP16, 1.0, "activation_grads", rel_error=False)
+
+
+def worst_layer() -> str:
+    stats = _layer_stats()
+    return max(stats, key=lambda n: stats[n].lost_frac)
+
+
+def _check_2_4(answer) -> str | None:
+    if not isinstance(answer, str):
+        raise Incorrect(f"Give the layer's name as a string, e.g. \"classifier\"; got "
+                        f"{answer!r:.60}.")
+    stats = _layer_stats()
+    name = answer.strip()
+    if name not in stats:
+        return (f"{name!r} is not one of the captured layers. Their names are the keys of "
+                "cap.activation_grads, e.g. " + ", ".join(map(repr, list(stats)[:3])) + ".")
+    want = worst_layer()
+    if name == want:
+        return None
+    if name == max(stats, key=lambda n: stats[n].underflow):
+        return ("That layer loses the most values in number, but it is also one of the "
+                "largest. The question asks for the largest *share* of a layer's nonzero "
+                "values.")
+    if name == max(stats, key=lambda n: stats[n].underflow_frac):
+        return ("Divide by the layer's nonzero values, not all of them: a gradient that was "
+                "exactly 0 before the cast is not lost by it.")
+    return (f"{name} loses {stats[name].lost_frac:.1%} of its nonzero values; another layer "
+            "loses a larger share.")
+
+
+# --- 2.5 measure the loss yourself ------------------------------------------------------------
+
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e5m2: "fp8_e5m2",
+                torch.float8_e4m3fn: "fp8_e4m3"}
+
+
+def _tensors(seed: int, n: int = 4000) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    logs = torch.rand(n, generator=g, dtype=torch.float64) * 60 - 45  # 2^-45 .. 2^15
+    signs = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+    t = (signs * torch.exp2(logs)).float()
+    t[torch.rand(n, generator=g) < 0.3] = 0.0  # gradients hold many exact zeros
+    return [t, t.reshape(40, -1)]
+
+
+TOL_2_5 = 1e-6  # a share computed in fp32 (tensor / tensor) is off by up to ~1e-7
+
+PUBLIC_2_5 = [(t, torch.float16, s) for t in _tensors(0) for s in (1.0, 2.0**10)]
+
+
+def _hidden_2_5() -> list[tuple[torch.Tensor, torch.dtype, float]]:
+    tie = float(FP16.min_subnormal) / 2  # exactly half the smallest subnormal: ties to 0
+    edge = torch.tensor([tie, -tie, tie * 1.0000001, 0.0, 3.0])
+    return ([(t, d, s) for t in _tensors(1) for d in _DTYPE_NAMES for s in (1.0, 2.0**7)]
+            + [(edge, torch.float16, 1.0), (torch.zeros(5), torch.float16, 1.0),
+               (torch.tensor([1e-9, float("inf"), float("nan"), 2.0]), torch.float16, 1.0),
+               (torch.arange(-3, 4, dtype=torch.int32), torch.float16, 1.0)])
+
+
+def reference_lost_fraction(t: torch.Tensor, dtype: torch.dtype, scale: float) -> float:
+    return ranges.cast_stats(t, _DTYPE_NAMES[dtype], scale).lost_frac
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"a {t.dtype} tensor of shape {tuple(t.shape)}" + (
+        f" {t.tolist()}" if t.numel() <= 6 else "")
+
+
+def _lost_matches(fn, cases) -> str | None:
+    for t, dtype, scale in cases:
+        shown = f"lost_fraction(<{_describe(t)}>, {dtype}, {scale:g})"
+        got = call(fn, t.clone(), dtype, scale, what=shown)
+        if got is None:
+            return f"{shown} returned None: is a return statement missing?"
+        got = as_number(got, what=f"what {shown} returned")
+        want = reference_lost_fraction(t, dtype, scale)
+        if math.isnan(got):
+            return (f"{shown} returned NaN. A tensor with no nonzero finite values has lost "
+                    "none of them: return 0.0 there.")
+        if abs(got - want) > TOL_2_5:
+            zeros = t.float() == 0
+            of_all = ranges.cast_stats(t, _DTYPE_NAMES[dtype], scale).underflow_frac
+            if abs(got - of_all) <= TOL_2_5 and bool(zeros.any()):
+                why = ("that is a share of all values; divide by the nonzero finite ones "
+                       "(the zeros were zero before the cast).")
+            elif got > want:
+                why = ("too many counted as lost: only values that were nonzero (and finite) "
+                       "before the cast and are 0 after it count; an inf or NaN is not lost.")
+            else:
+                why = ("too few counted as lost: multiply in fp32 first (t.float() * scale), "
+                       "then cast with .to(dtype), and compare with 0.")
+            return f"{shown} gave {got:.6g}: {why} (Compared within {TOL_2_5:g}.)"
+    return None
+
+
+def _check_2_5(fn) -> str | None:
+    if not callable(fn):
+        raise Incorrect("Pass the function itself, ex.check(\"2.5\", lost_fraction), without "
+                        f"calling it; got {fn!r:.40}, which is not a function.")
+    return _lost_matches(fn, PUBLIC_2_5)
+
+
+def _hidden_check_2_5(fn) -> str | None:
+    return _lost_matches(fn, _hidden_2_5())
+
+
+def _blank_2_5(fn) -> bool:
+    if is_blank(fn) or not callable(fn):
+        return is_blank(fn)
+    t, dtype, scale = PUBLIC_2_5[0]
+    return call(fn, t.clone(), dtype, scale, what="lost_fraction(...)") is ...
+
+
+# --- the exercises ----------------------------------------------------------------------------
+
+def _cell(comment: str, body: str, id: str, arg: str = "answer") -> str:
+    return f'# {comment}\n{body}\nex.check("{id}", {arg})'
+
+
+_DICT_2_3 = "{\n" + "".join(f"    {c!r}: ...,\n" for c in CASES_2_3) + "}"
+_ANSWER_2_3 = "{\n" + "".join(f"    {c!r}: {is_swamped(*c)},\n" for c in CASES_2_3) + "}"
+
+EXERCISES = {e.id: e for e in [
+    Exercise(
+        id="2.1", title="The smallest scale that saves a gradient",
+        prompt=f"A gradient of {G_2_1:g} flushes to 0 in fp16. Which is the smallest loss scale "
+               "2^k that makes it a *normal* fp16 number, with all its significant bits?",
+        starter=_cell(f"2.1: the smallest 2**k that makes {G_2_1:g} * 2**k a normal fp16 number",
+                      "answer = ...  # a scale, e.g. 2**5", "2.1"),
+        solution_code=_cell(
+            f"2.1: the smallest 2**k that makes {G_2_1:g} * 2**k a normal fp16 number",
+            "# fp16's smallest normal is 2**-14; 3e-9 is about 2**-28.3, so 15 binades are "
+            "missing\n"
+            f"answer = 2.0 ** math.ceil(math.log2(2**-14 / {G_2_1!r}))", "2.1"),
+        check=_check_2_1,
+        hints=(
+            "Multiplying by 2^k moves a number k binades up. Below fp16's smallest normal "
+            "number, values are subnormal (few bits) or flushed to 0.",
+            "F.get_format(\"fp16\").min_normal is the smallest normal value; math.log2 tells "
+            "how many binades apart two numbers are.",
+            "You need 3e-9 × 2^k ≥ 2^-14: k = ceil(log2(2^-14 / 3e-9)).",
+        )),
+    Exercise(
+        id="2.2", title="The largest scale that does not overflow",
+        prompt="For the captured activation gradients (`cap.activation_grads`), which is the "
+               "largest power of two you can scale them by without any of them overflowing "
+               "fp16?",
+        starter=_cell("2.2: the largest 2**k for which no activation gradient overflows fp16",
+                      "answer = ...  # a scale, e.g. 2**5", "2.2"),
+        solution_code=_cell(
+            "2.2: the largest 2**k for which no activation gradient overflows fp16",
+            "top = cap.all(\"activation_grads\").abs().max().item()\n"
+            "answer = 2.0 ** math.floor(math.log2(65504 / top))", "2.2"),
+        check=_check_2_2,
+        hints=(
+            "Only the largest magnitude can overflow first: scale × max|g| must stay at or "
+            "below fp16's largest finite value.",
+            "cap.all(\"activation_grads\") is every activation gradient in one tensor; "
+            ".abs().max() gives the largest magnitude, F.get_format(\"fp16\").max_finite the "
+            "limit.",
+            "answer = 2 ** floor(log2(65504 / max|g|)).",
+        )),
+    Exercise(
+        id="2.3", title="Is the update swamped?",
+        prompt="For each case (weight w, update, format the weight is kept in), predict "
+               "whether `w + update`, stored in that format, is just `w` again: True if the "
+               "update is lost.",
+        starter=_cell("2.3: True if w + update, kept in the format, rounds back to w",
+                      f"answer = {_DICT_2_3}", "2.3"),
+        solution_code=_cell(
+            "2.3: True if w + update, kept in the format, rounds back to w",
+            "# lost when |update| <= half the spacing of the format's numbers at w\n"
+            "# (exactly half: a tie, which rounds to the even neighbour, w here)\n"
+            f"answer = {_ANSWER_2_3}", "2.3"),
+        check=_check_2_3, blank=_blank_2_3,
+        hints=(
+            "A sum is rounded to the nearest number the format holds. Near w those numbers are "
+            "one ulp apart, so an update smaller than half an ulp rounds straight back to w.",
+            "F.ulp(w, \"fp16\") gives the spacing at w. fp16 has 10 mantissa bits (ulp(1) = "
+            "2^-10), bf16 7 (2^-7), fp32 23.",
+            "Lost if |update| < ulp(w)/2; at exactly ulp(w)/2 it is a tie, and ties go to the "
+            "neighbour whose last bit is 0. Test yourself: (torch.tensor(w, dtype=...) + "
+            "update) == w.",
+        )),
+    Exercise(
+        id="2.4", title="The layer that loses most",
+        prompt="Without a loss scale, which layer's activation gradient loses the largest "
+               "share of its nonzero values to fp16 underflow? Give its name as in "
+               "`cap.activation_grads`.",
+        starter=_cell("2.4: the layer whose activation gradient loses the largest share of its "
+                      "nonzero values in fp16", "answer = ...  # a layer name (a string)", "2.4"),
+        solution_code=_cell(
+            "2.4: the layer whose activation gradient loses the largest share of its "
+            "nonzero values in fp16",
+            "stats = cap.stats(\"fp16\", 1.0, \"activation_grads\")\n"
+            "answer = max(stats, key=lambda name: stats[name].lost_frac)", "2.4"),
+        check=_check_2_4,
+        hints=(
+            "Compare layers by a share, not a count: values lost to 0 divided by the values "
+            "that were nonzero before the cast.",
+            "cap.stats(\"fp16\", 1.0, \"activation_grads\") maps each layer to its CastStats; "
+            "it has .underflow, .nonzero and .lost_frac. cap.table(...) shows them all.",
+            "max(stats, key=lambda name: stats[name].lost_frac).",
+        )),
+    Exercise(
+        id="2.5", title="Measure the loss yourself", points=2,
+        prompt="Write `lost_fraction(t, dtype, scale)`: the share of t's nonzero finite values "
+               "that become 0 when `t * scale` (computed in fp32) is cast to `dtype`. Use "
+               "torch's casts; return 0.0 when t has no nonzero finite values. Public checks "
+               "use fp16; grading also tries bf16, fp8 and awkward tensors.",
+        starter=_cell("2.5: the share of t's nonzero finite values that (t * scale).to(dtype) "
+                      "flushes to 0",
+                      "def lost_fraction(t, dtype, scale):\n"
+                      "    return ...  # a float from 0 to 1", "2.5", arg="lost_fraction"),
+        solution_code=_cell(
+            "2.5: the share of t's nonzero finite values that (t * scale).to(dtype) "
+            "flushes to 0",
+            "def lost_fraction(t, dtype, scale):\n"
+            "    x = t.float() * scale                    # the scaled values, in fp32\n"
+            "    alive = (x != 0) & torch.isfinite(x)     # nonzero finite before the cast\n"
+            "    n = int(alive.sum())\n"
+            "    if n == 0:\n"
+            "        return 0.0\n"
+            "    lost = alive & (x.to(dtype) == 0)        # ... and 0 after it\n"
+            "    return int(lost.sum()) / n", "2.5", arg="lost_fraction"),
+        check=_check_2_5, hidden=_hidden_check_2_5, blank=_blank_2_5,
+        hints=(
+            "Three steps: scale in fp32, find the values that were nonzero and finite, count "
+            "how many of those the cast turns into 0.",
+            "x = t.float() * scale; torch.isfinite(x), x != 0 and x.to(dtype) == 0 are boolean "
+            "tensors; & combines them and .sum() counts.",
+            "alive = (x != 0) & torch.isfinite(x); lost = alive & (x.to(dtype) == 0); return "
+            "lost.sum() / alive.sum() as a float, or 0.0 when alive.sum() is 0.",
+        )),
+]}
+
+LESSON = Lesson(2, list(EXERCISES.values()))
+check = LESSON.check
+hint = LESSON.hint
+solution = LESSON.solution
+exercise_cells = LESSON.exercise_cells
+cells = LESSON.cells

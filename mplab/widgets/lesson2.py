@@ -1,0 +1,308 @@
+"""Lesson 2 widgets: move the loss scale over a real model's gradients; watch updates vanish.
+
+    from mplab.widgets.lesson2 import loss_scale_explorer, swamping_demo
+    explorer = loss_scale_explorer(ranges.lesson_capture())   # explorer.log2_scale = 16
+    demo = swamping_demo()                                      # demo.master.value = True
+
+The numbers come from :mod:`mplab.ranges` (exact counts of what torch's casts do) and the
+figures from :mod:`mplab.plots`; this module only builds the controls and shows the results.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import io
+import math
+import operator
+
+import ipywidgets as widgets
+import numpy as np
+
+from mplab import plots, ranges
+from mplab.formats import get_format
+
+__all__ = ["loss_scale_explorer", "LossScaleExplorer", "swamping_demo", "SwampingDemo",
+           "SWAMP_FORMATS", "LOSS_SCALE_FORMATS"]
+
+#: Formats the loss-scale explorer offers: the ones a gradient can be stored in.
+LOSS_SCALE_FORMATS = ("fp16", "bf16", "fp8_e5m2", "fp8_e4m3")
+#: Formats the swamping demo can keep its weight in (fp32 too, the master weights' format).
+SWAMP_FORMATS = ("fp16", "bf16", "fp32", "fp8_e5m2", "fp8_e4m3")
+_LOST_RED = 0.01  # a layer losing more than 1 % of its nonzero values is shown in red
+
+
+def _guarded(callback):
+    """A learner's move must never raise into the kernel: show what went wrong instead."""
+    @functools.wraps(callback)
+    def run(self, *args):
+        try:
+            callback(self, *args)
+        except Exception as e:  # shown in the widget, not lost in a log
+            self.message.value = (f'<span style="color:#b00020">Something went wrong: '
+                                  f"{html.escape(type(e).__name__)}: {html.escape(str(e))}</span>")
+    return run
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _pct(x: float) -> str:
+    if x == 0:
+        return "0"
+    return f"{100 * x:.3g} %" if x >= 1e-5 else "<0.001 %"
+
+
+def _choice(value, accepted, what: str) -> str:
+    if value not in accepted:
+        raise ValueError(f"unknown {what} {value!r}; accepted: " + ", ".join(map(repr, accepted)))
+    return value
+
+
+# --- the loss-scale explorer --------------------------------------------------------------------
+
+class LossScaleExplorer(widgets.VBox):
+    """A captured step's values under a loss scale. Build it with :func:`loss_scale_explorer`.
+
+    Controls a test (or a learner) can drive: `slider` (log2 of the scale, 0 to 24), `format`,
+    `kind`, `layer` ("" for all layers, or one layer's name: the histogram shows it alone);
+    outputs: `plot` (PNG of the per-layer exponent histograms), `summary`, `table`
+    (per layer: the share of nonzero values flushed to 0, landing subnormal, overflowing),
+    `message`. `scale` is the scale shown; `stats` the per-layer CastStats behind the table.
+    """
+
+    def __init__(self, capture: ranges.Capture, kind: str = "activation_grads",
+                 fmt: str = "fp16", log2_scale: int = 0):
+        super().__init__()
+        if not isinstance(capture, ranges.Capture):
+            raise TypeError(f"loss_scale_explorer takes what mplab.ranges.capture returns, got "
+                            f"{type(capture).__name__}")
+        fmt = get_format(fmt).name
+        _choice(fmt, LOSS_SCALE_FORMATS, "format")
+        _choice(kind, ranges.KINDS, "kind")
+        if isinstance(log2_scale, bool) or not isinstance(log2_scale, int) or not (
+                0 <= log2_scale <= 24):
+            raise ValueError(f"log2_scale must be a whole number from 0 to 24, got {log2_scale!r}")
+        self.capture = capture
+        self._quiet = False
+        self._xlims: dict[str, tuple[int, int]] = {}
+        self.stats: dict[str, ranges.CastStats] = {}
+        self.slider = widgets.IntSlider(log2_scale, min=0, max=24, description="log2 scale",
+                                        continuous_update=False,
+                                        style={"description_width": "initial"},
+                                        layout=widgets.Layout(width="420px"))
+        self.slider.add_class("mplab-scale-slider")
+        self.format = widgets.Dropdown(options=LOSS_SCALE_FORMATS, value=fmt, description="format",
+                                       layout=widgets.Layout(width="200px"))
+        self.format.add_class("mplab-scale-format")
+        self.kind = widgets.Dropdown(options=[(k.replace("_", " "), k) for k in ranges.KINDS],
+                                     value=kind, description="values",
+                                     layout=widgets.Layout(width="260px"))
+        self.kind.add_class("mplab-scale-kind")
+        self.layer = widgets.Dropdown(description="layer", layout=widgets.Layout(width="480px"))
+        self.layer.add_class("mplab-scale-layer")
+        self._set_layers()
+        self.message = widgets.HTML()
+        self.summary = widgets.HTML()
+        self.summary.add_class("mplab-scale-summary")
+        self.plot = widgets.Image(format="png", layout=widgets.Layout(max_width="100%",
+                                                                      height="auto"))
+        self.plot.add_class("mplab-scale-plot")
+        self.table = widgets.HTML()
+        self.table.add_class("mplab-scale-table")
+        self.children = [
+            widgets.HTML("<b>Loss scale explorer</b>: one training step's values, multiplied "
+                         "by the scale and cast to the format."),
+            widgets.HBox([self.slider, self.format]), widgets.HBox([self.kind, self.layer]),
+            self.message, self.summary, self.plot, self.table]
+        self.add_class("mplab-loss-scale")
+        for control in (self.slider, self.format, self.layer):
+            control.observe(self._changed, "value")
+        self.kind.observe(self._kind_changed, "value")
+        self._render()
+
+    @property
+    def scale(self) -> float:
+        return 2.0 ** self.slider.value
+
+    @property
+    def log2_scale(self) -> int:
+        return self.slider.value
+
+    @log2_scale.setter
+    def log2_scale(self, k: int) -> None:
+        self.slider.value = k
+
+    def _set_layers(self) -> None:
+        names = list(self.capture.tensors(self.kind.value))
+        self._quiet = True  # one redraw for a new kind, not one more for its layer list
+        try:
+            what = "tensors" if self.kind.value == "weight_grads" else "layers"
+            self.layer.options = [(f"all {len(names)} {what}", "")] + [(n, n) for n in names]
+            self.layer.value = ""
+        finally:
+            self._quiet = False
+
+    @_guarded
+    def _kind_changed(self, change=None) -> None:
+        self._set_layers()
+        self._render()
+
+    @_guarded
+    def _changed(self, change=None) -> None:
+        if not self._quiet:
+            self._render()
+
+    def _render(self) -> None:
+        self.message.value = ""
+        kind, fmt, s = self.kind.value, self.format.value, self.scale
+        mags = self.capture.magnitudes(kind)
+        shown = {self.layer.value: mags[self.layer.value]} if self.layer.value in mags else mags
+        if not mags:
+            self.summary.value = f"This capture holds no {kind.replace('_', ' ')}."
+            self.table.value, self.plot.value = "", b""
+            return
+        self.stats = {n: m.stats(fmt, s, rel_error=False) for n, m in mags.items()}
+        what = self.layer.value or kind.replace("_", " ")
+        self.plot.value = _png(plots.exponent_histogram_plot(
+            shown, fmt, s, pyplot=False,
+            xlim=self._xlims.setdefault(kind, _xlim(self.capture, kind)),
+            title=f"{what} × 2^{self.slider.value} cast to {fmt}"))
+        self.summary.value = _summary_html(list(self.stats.values()), fmt, s,
+                                           ranges.largest_safe_scale(list(mags.values()), fmt))
+        self.table.value = _table_html(self.stats, self.capture, kind)
+
+
+def _xlim(capture: ranges.Capture, kind: str) -> tuple[int, int]:
+    """A fixed log2 axis for one capture and kind, so the histogram moves and the axes stay:
+    from below the smallest value (and fp16's flush edge, the lowest of the formats that
+    flush anything here; bf16's is 100 binades further down) to past the largest at 2^24."""
+    hist = functools.reduce(operator.add, capture.histograms(kind).values())
+    edges = hist.edges.astype(float)
+    nz = np.flatnonzero(hist.counts)
+    lowest = ranges.format_bands("fp16")[0].hi
+    lo = min(edges[nz[0]] if nz.size else 0.0, lowest) - 2
+    hi = max((edges[nz[-1] + 1] if nz.size else 0.0) + 24, get_format("fp16").emax + 2) + 2
+    return math.floor(lo), math.ceil(hi)
+
+
+def _summary_html(stats: list[ranges.CastStats], fmt: str, scale: float, safe: float) -> str:
+    nonzero = sum(s.nonzero for s in stats)
+    under, sub, over = (sum(getattr(s, k) for s in stats)
+                        for k in ("underflow", "subnormal", "overflow"))
+    share = (lambda n: _pct(n / nonzero)) if nonzero else (lambda n: "–")
+    over_style = ' style="color:#b00020;font-weight:bold"' if over else ""
+    safe_text = f"2^{int(math.log2(safe))}" if math.isfinite(safe) and safe >= 1 else f"{safe:g}"
+    return (f'<div style="font-size:13px;margin:4px 0">At scale 2^{int(math.log2(scale))} '
+            f"({scale:,.0f}), of {nonzero:,} nonzero values: "
+            f"<b>{share(under)}</b> flushed to 0, {share(sub)} subnormal (few bits left), "
+            f"<span{over_style}>{share(over)} overflow</span>. "
+            f"Largest safe scale for {fmt}: {safe_text}.</div>")
+
+
+def _table_html(stats: dict[str, ranges.CastStats], capture: ranges.Capture, kind: str) -> str:
+    head = ["layer", "type", "nonzero", "lost (→ 0)", "subnormal", "overflow", "max |x·scale|"]
+    th = "".join(f'<th style="padding:1px 8px;text-align:left">{h}</th>' for h in head)
+    rows = []
+    for name, s in stats.items():
+        n = s.nonzero
+        lost_style = ' style="color:#b00020;font-weight:bold"' if s.lost_frac > _LOST_RED else ""
+        over_style = ' style="color:#b00020;font-weight:bold"' if s.overflow else ""
+        cells = [f"<code>{html.escape(name)}</code>",
+                 html.escape(capture._type_of(name, kind)), f"{n:,}",
+                 f"<span{lost_style}>{_pct(s.lost_frac)}</span>",
+                 _pct(s.subnormal / n if n else 0.0),
+                 f"<span{over_style}>{_pct(s.overflow / n if n else 0.0)}</span>",
+                 f"{s.max_abs * s.scale:.4g}"]
+        rows.append("<tr>" + "".join(f'<td style="padding:1px 8px">{c}</td>' for c in cells)
+                    + "</tr>")
+    return ('<table style="border-collapse:collapse;font-size:12px;line-height:1.4">'
+            f'<thead><tr style="border-bottom:1px solid #999">{th}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+def loss_scale_explorer(capture: ranges.Capture, kind: str = "activation_grads",
+                        fmt: str = "fp16", log2_scale: int = 0) -> LossScaleExplorer:
+    """Per-layer exponent histograms and cast table of a :func:`mplab.ranges.capture`, with a
+    log2 loss-scale slider (2^0 to 2^24), a format and a kind of value to look at."""
+    return LossScaleExplorer(capture, kind, fmt, log2_scale)
+
+
+# --- swamping and master weights ----------------------------------------------------------------
+
+class SwampingDemo(widgets.VBox):
+    """``w ← w − lr·grad`` repeated, with the weight kept in a narrow format or behind an fp32
+    master copy. Build it with :func:`swamping_demo`.
+
+    Controls: `lr` (log slider), `format`, `master` (toggle); outputs: `plot`, `summary`,
+    `message`; `run` is the :class:`mplab.ranges.SwampRun` shown.
+    """
+
+    def __init__(self, w0: float = 1.0, grad: float = -1.0, lr: float = 1e-4, steps: int = 1000,
+                 fmt: str = "fp16", master: bool = False):
+        super().__init__()
+        fmt = _choice(get_format(fmt).name, SWAMP_FORMATS, "format")
+        self.w0 = ranges._real(w0, "w0")
+        self.grad = ranges._real(grad, "grad")
+        if not (isinstance(lr, int | float) and not isinstance(lr, bool) and 1e-6 <= lr <= 1):
+            raise ValueError(f"lr must be a number from 1e-6 to 1, got {lr!r}")
+        self.steps = steps
+        ranges.swamping_run(self.w0, 0.0, steps)  # checks steps (a whole number up to 10^6)
+        self.lr = widgets.FloatLogSlider(lr, base=10, min=-6, max=0, step=0.25,
+                                         description="learning rate", readout_format=".2g",
+                                         continuous_update=False,
+                                         style={"description_width": "initial"},
+                                         layout=widgets.Layout(width="420px"))
+        self.lr.add_class("mplab-swamp-lr")
+        self.format = widgets.Dropdown(options=SWAMP_FORMATS, value=fmt, description="weights in",
+                                       layout=widgets.Layout(width="200px"))
+        self.format.add_class("mplab-swamp-format")
+        self.master = widgets.ToggleButton(master, description="fp32 master weights",
+                                           icon="check" if master else "",
+                                           layout=widgets.Layout(width="190px"))
+        self.master.add_class("mplab-swamp-master")
+        self.message = widgets.HTML()
+        self.summary = widgets.HTML()
+        self.summary.add_class("mplab-swamp-summary")
+        self.plot = widgets.Image(format="png", layout=widgets.Layout(max_width="100%",
+                                                                      height="auto"))
+        self.plot.add_class("mplab-swamp-plot")
+        self.children = [
+            widgets.HTML(f"<b>Swamping</b>: {steps:,} steps of w ← w − lr × ({self.grad:g}), "
+                         f"from w0 = {self.w0:g}."),
+            widgets.HBox([self.lr, self.format, self.master]), self.message, self.summary,
+            self.plot]
+        self.add_class("mplab-swamping")
+        for control in (self.lr, self.format, self.master):
+            control.observe(self._changed, "value")
+        self._render()
+
+    @_guarded
+    def _changed(self, change=None) -> None:
+        self._render()
+
+    def _render(self) -> None:
+        self.message.value = ""
+        self.master.icon = "check" if self.master.value else ""
+        update = -self.lr.value * self.grad
+        fmt = self.format.value
+        self.run = ranges.swamping_run(self.w0, update, self.steps, fmt, master=self.master.value)
+        self.plot.value = _png(plots.swamping_plot(self.run, pyplot=False))
+        threshold = ranges.swamp_threshold(update, fmt)
+        where = ("The update itself rounds to 0 in " + fmt if threshold == 0 else
+                 f"In {fmt}, an update of {abs(update):.3g} vanishes once |w| ≥ {threshold:g}")
+        self.summary.value = (
+            f'<div style="font-size:13px;margin:4px 0"><b>{self.run.lost_steps:,} of '
+            f"{self.run.steps:,} updates lost</b>; the weight moved "
+            f"{100 * self.run.applied:.3g} % of the way it should have "
+            f"(ends at {self.run.final:.6g}, exact {self.run.expected:.6g}). {where}.</div>")
+
+
+def swamping_demo(w0: float = 1.0, grad: float = -1.0, lr: float = 1e-4, steps: int = 1000,
+                  fmt: str = "fp16", master: bool = False) -> SwampingDemo:
+    """SGD steps ``w ← w − lr·grad`` on one weight kept in fmt (or as an fp32 master copy),
+    with a learning-rate slider, a format and a master-weights toggle."""
+    return SwampingDemo(w0, grad, lr, steps, fmt, master)

@@ -1,0 +1,174 @@
+"""Lesson 2's exercises: each reference answer against direct torch casts, and the feedback a
+learner's likely mistakes get."""
+
+import ast
+import math
+
+import pytest
+import torch
+
+from mplab import ranges as R
+from mplab.exercises import lesson2 as ex
+
+IDS = list(ex.EXERCISES)
+FP16_TINY = torch.finfo(torch.float16).tiny  # the smallest normal
+
+
+@pytest.fixture(autouse=True)
+def fresh_session(monkeypatch):
+    monkeypatch.delenv("MPLAB_GRADING", raising=False)
+    monkeypatch.delenv("MPLAB_GRADE_LOG", raising=False)
+    ex.LESSON.reset()
+
+
+@pytest.fixture(scope="module")
+def cap():
+    return R.lesson_capture()
+
+
+def run_cell(source: str, **names):
+    """Run a notebook cell the way Jupyter does: the last expression is the cell's value."""
+    tree = ast.parse(source)
+    last = tree.body.pop()
+    namespace = {"ex": ex, "math": math, "torch": torch, **names}
+    exec(compile(tree, "<cell>", "exec"), namespace)
+    return eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace)
+
+
+def failed_saying(result, *words):
+    assert result.status == "failed" and result.points == 0, result
+    for w in words:
+        assert w.lower() in result.message.lower(), result.message
+    return result.message
+
+
+@pytest.mark.parametrize("xid", IDS)
+def test_starters_are_not_attempted_and_solutions_pass(xid, cap, monkeypatch):
+    assert run_cell(ex.EXERCISES[xid].starter, cap=cap).status == "not attempted"
+    monkeypatch.setenv("MPLAB_GRADING", "1")  # the hidden checks too
+    result = run_cell(ex.EXERCISES[xid].solution_code, cap=cap)
+    assert result.status == "passed" and result.points == ex.EXERCISES[xid].points, result
+
+
+def test_there_are_five_exercises_worth_six_points():
+    assert IDS == ["2.1", "2.2", "2.3", "2.4", "2.5"]
+    assert sum(e.points for e in ex.EXERCISES.values()) == 6
+    assert [c.metadata["mplab"]["exercise"] for c in ex.cells()] == IDS
+
+
+# --- 2.1 ----------------------------------------------------------------------------------------
+
+def test_2_1_reference_is_the_first_power_of_two_torch_stores_as_normal():
+    g = torch.tensor(ex.G_2_1)
+    normal = [k for k in range(40) if (g * 2.0**k).half().abs() >= FP16_TINY]
+    nonzero = [k for k in range(40) if (g * 2.0**k).half() != 0]
+    assert ex.check("2.1", 2.0 ** normal[0]).passed
+    assert nonzero[0] < normal[0]
+    failed_saying(ex.check("2.1", 2.0 ** nonzero[0]), "subnormal")
+    failed_saying(ex.check("2.1", 2.0 ** (normal[0] - 1)), "too small")
+    failed_saying(ex.check("2.1", 2.0 ** (normal[0] + 3)), "smallest")
+    failed_saying(ex.check("2.1", normal[0]), "exponent k")
+    failed_saying(ex.check("2.1", 25000), "power of two")
+    assert ex.check("2.1", -4).status == "failed"
+    assert ex.check("2.1", "lots").status == "failed"
+
+
+# --- 2.2 ----------------------------------------------------------------------------------------
+
+def test_2_2_reference_is_the_largest_power_of_two_torch_casts_without_inf(cap):
+    g = cap.all("activation_grads")
+    want = next(2.0**k for k in range(40, -1, -1) if torch.isfinite((g * 2.0**k).half()).all())
+    assert ex.check("2.2", want).passed
+    assert not torch.isfinite((g * (2 * want)).half()).all()
+    failed_saying(ex.check("2.2", 2 * want), "overflow")
+    failed_saying(ex.check("2.2", want / 2), "larger")
+    failed_saying(ex.check("2.2", 65504 / g.abs().max().item()), "power of two")
+
+
+# --- 2.3 ----------------------------------------------------------------------------------------
+
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def test_2_3_reference_agrees_with_torch_and_has_both_answers():
+    for w, u, fmt in ex.CASES_2_3:
+        stored = torch.tensor(w, dtype=TORCH_DTYPES[fmt])
+        assert ex.is_swamped(w, u, fmt) == bool(stored + u == stored), (w, u, fmt)
+    assert {ex.is_swamped(*c) for c in ex.CASES_2_3} == {True, False}
+
+
+def test_2_3_feedback_names_the_wrong_cases_and_the_spacing():
+    right = {c: ex.is_swamped(*c) for c in ex.CASES_2_3}
+    assert ex.check("2.3", right).passed
+    flipped = dict(right)
+    case = ex.CASES_2_3[3]  # 2048 + 1 in fp16: a tie, rounded to even
+    flipped[case] = not flipped[case]
+    message = failed_saying(ex.check("2.3", flipped), "1 of 6", "half that spacing", "tie")
+    assert repr(case) in message and repr(ex.CASES_2_3[0]) not in message
+    failed_saying(ex.check("2.3", {**right, case: "yes"}), "not true or false")
+    failed_saying(ex.check("2.3", {c: right[c] for c in ex.CASES_2_3[:2]}), "missing")
+    assert ex.check("2.3", [True] * 6).status == "failed"
+    assert ex.check("2.3", {c: ... for c in ex.CASES_2_3}).status == "not attempted"
+
+
+# --- 2.4 ----------------------------------------------------------------------------------------
+
+def test_2_4_reference_is_the_layer_torch_flushes_most(cap):
+    def lost_share(t):
+        x = t.float()
+        alive = x != 0
+        return float((alive & (x.half() == 0)).sum()) / max(int(alive.sum()), 1)
+
+    shares = {n: lost_share(t) for n, t in cap.activation_grads.items()}
+    best = max(shares, key=shares.get)
+    assert ex.worst_layer() == best
+    assert ex.check("2.4", best).passed
+    assert ex.check("2.4", f"  {best} ").passed
+    other = min(shares, key=shares.get)
+    failed_saying(ex.check("2.4", other), "larger share")
+    failed_saying(ex.check("2.4", "layer.99"), "not one of the captured layers")
+    assert ex.check("2.4", 3).status == "failed"
+
+
+# --- 2.5 ----------------------------------------------------------------------------------------
+
+def right(t, dtype, scale):
+    x = t.float() * scale
+    alive = (x != 0) & torch.isfinite(x)
+    return float((alive & (x.to(dtype) == 0)).sum() / alive.sum()) if alive.any() else 0.0
+
+
+def of_all_values(t, dtype, scale):
+    x = t.float() * scale
+    return float(((x != 0) & (x.to(dtype) == 0)).sum()) / x.numel()
+
+
+def always_fp16(t, dtype, scale):
+    return right(t, torch.float16, scale)
+
+
+def divides_by_zero(t, dtype, scale):
+    x = t.float() * scale
+    alive = x != 0
+    return int((alive & (x.to(dtype) == 0)).sum()) / int(alive.sum())
+
+
+def test_2_5_public_and_hidden_checks(monkeypatch):
+    assert ex.check("2.5", right).message.startswith("Public checks passed")
+    failed_saying(ex.check("2.5", of_all_values), "share of all values")
+    assert ex.check("2.5", always_fp16).passed  # public checks are fp16 only ...
+    monkeypatch.setenv("MPLAB_GRADING", "1")
+    assert ex.check("2.5", right).passed
+    failed_saying(ex.check("2.5", always_fp16), "hidden check")  # ... grading tries the rest
+    result = ex.check("2.5", divides_by_zero)  # an all-zero tensor: ZeroDivisionError
+    assert result.status == "error" and "ZeroDivisionError" in result.message
+    failed_saying(ex.check("2.5", lambda t, d, s: None), "return statement")
+    assert ex.check("2.5", right(*ex.PUBLIC_2_5[0])).status == "failed"  # called, not passed
+
+
+def test_2_5_hidden_cases_cover_every_format_and_the_awkward_tensors():
+    cases = ex._hidden_2_5()
+    assert {d for _, d, _ in cases} == set(ex._DTYPE_NAMES)
+    for t, dtype, scale in cases:  # the reference is torch's own cast
+        assert ex.reference_lost_fraction(t, dtype, scale) == pytest.approx(
+            right(t, dtype, scale), abs=1e-6)
