@@ -19,7 +19,8 @@ from mplab import ranges
 from mplab.formats import FORMATS, FloatFormat, get_format, ulp
 
 __all__ = ["FORMAT_COLORS", "ulp_steps", "ulp_plot", "mark_ulp", "closeup_range", "MarkerPng",
-           "BAND_COLORS", "exponent_histogram_plot", "scale_sweep_plot", "swamping_plot"]
+           "BAND_COLORS", "exponent_histogram_plot", "scale_sweep_plot", "swamping_plot",
+           "scaler_timeline_plot"]
 
 #: One colour per format, shared by every plot and widget that names a format.
 FORMAT_COLORS = {
@@ -423,4 +424,51 @@ def swamping_plot(run, ax=None, *, pyplot: bool = True) -> Figure:
     ax.set_ylabel("weight")
     ax.grid(True, alpha=0.25)
     ax.legend(fontsize=8, loc="upper left")
+    return ax.figure
+
+
+def scaler_timeline_plot(history, ax=None, *, init_scale=None, pyplot: bool = True) -> Figure:
+    """A loss scaler's run: log2 of the scale each iteration used (a staircase), the iterations
+    that found an inf/NaN and skipped their step (red crosses), and the growth tracker (grey
+    bars, right axis). `history` is ``mplab.scaler.GradScaler.history`` (records with
+    ``scale``, ``new_scale``, ``growth_tracker``, ``found_inf``); with no records yet the
+    axes show `init_scale` alone. Returns the figure."""
+    records = list(history)
+    if any(not all(hasattr(r, k) for k in ("scale", "new_scale", "growth_tracker", "found_inf"))
+           for r in records):
+        raise TypeError("scaler_timeline_plot takes GradScaler.history: records with scale, "
+                        "new_scale, growth_tracker and found_inf")
+    if ax is None:
+        fig = _new_figure((7.0, 3.0), pyplot)
+        ax = fig.subplots()
+        fig.subplots_adjust(left=0.1, right=0.9, bottom=0.17, top=0.88)
+    bars = ax.twinx()
+    it = np.arange(len(records))
+    if records:
+        bars.bar(it, [r.growth_tracker for r in records], color="0.85", width=0.8,
+                 label="growth tracker (after update)")
+        scales = [r.scale for r in records] + [records[-1].new_scale]
+        logs = [math.log2(s) if s > 0 else -math.inf for s in scales]
+        ax.step(np.arange(len(scales)) - 0.5, logs, where="post", color=FORMAT_COLORS["fp16"],
+                lw=2, label="log2 scale used")
+        bad = [i for i, r in enumerate(records) if r.found_inf]
+        if bad:
+            ax.plot(bad, [logs[i] for i in bad], "x", color="#b00020", ms=9, mew=2,
+                    label="inf/NaN: step skipped, scale backs off")
+    elif init_scale:
+        ax.axhline(math.log2(init_scale), color=FORMAT_COLORS["fp16"], lw=2,
+                   label="log2 init_scale")
+    ax.set_zorder(bars.get_zorder() + 1)  # the scale line in front of the bars
+    ax.patch.set_visible(False)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("log2 scale")
+    bars.set_ylabel("growth tracker", color="0.45")
+    bars.set_ylim(0, max([r.growth_tracker for r in records] + [1]) * 3)
+    ax.set_xlim(-0.8, max(len(records), 10) - 0.2)
+    skipped = sum(bool(r.found_inf) for r in records)
+    ax.set_title(f"{len(records)} iterations, {skipped} skipped", fontsize=10)
+    ax.grid(True, alpha=0.25)
+    handles, labels = ax.get_legend_handles_labels()
+    h2, l2 = bars.get_legend_handles_labels()
+    ax.legend(handles + h2, labels + l2, fontsize=7, loc="best")
     return ax.figure

@@ -306,3 +306,41 @@ def test_moving_the_loss_scale_slider_in_jupyterlab_redraws_the_table(lab, page,
                                  "__import__('re').sub('<.*?>', '', explorer.summary.value)")
             assert " ".join(summary.inner_text().split()) == " ".join(eval(shown).split())
         explorer.screenshot(path=str(tmp_path / "loss-scale-lab.png"))
+
+
+def test_stepping_the_gradscaler_in_jupyterlab(lab, page, tmp_path):
+    """Lesson 3's stepper in a notebook of its own (the lesson's fp16 run would only add
+    minutes): click "next step" and "inject inf", and read the scaler in the kernel."""
+    import nbformat
+
+    base, token, runtime_dir = lab
+    notebook = "stepper.ipynb"
+    root = Path(next(p for p in tmp_path.iterdir() if p.name == "root"))
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from mplab.widgets.lesson3 import scaler_stepper\n"
+        "stepper = scaler_stepper(growth_interval=2)\nstepper")], metadata={"kernelspec": {
+            "name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}}),
+        root / notebook)
+    with screenshot_on_failure(page, tmp_path / "failure.png"):
+        page.goto(f"{base}/lab/tree/{notebook}?token={token}")
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+        wait_until(lambda: kernel_of(base, token, notebook), "the notebook's kernel")
+        page.locator(".lm-MenuBar-itemLabel").filter(has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-itemLabel").filter(
+            has_text=re.compile(r"^Run All Cells$")).click()
+        stepper = page.locator(".mplab-scaler-stepper")
+        status = stepper.locator(".mplab-scaler-status")
+        status.filter(has_text="After 0 iterations").wait_for()
+        for name in ("next-step", "next-step", "inject-inf"):
+            stepper.locator(f".mplab-scaler-{name}").click()
+        # 2 clean steps grow 2^16 to 2^17; the inf backs it off to 2^16 and skips the step
+        status.filter(has_text="After 3 iterations: scale 65536").wait_for()
+        assert "1 step skipped" in status.inner_text()
+        assert "✓ torch.amp.GradScaler" in stepper.locator(".mplab-scaler-agreement").inner_text()
+        rows = stepper.locator(".mplab-scaler-table tr")
+        assert "skipped" in rows.nth(3).inner_text()
+        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
+            assert kernel_value(client, "[r.found_inf for r in stepper.scaler.history]") == \
+                "[False, False, True]"
+            assert kernel_value(client, "stepper.scaler.get_scale()") == "65536.0"
+        stepper.screenshot(path=str(tmp_path / "stepper-lab.png"))

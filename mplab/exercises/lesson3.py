@@ -1,0 +1,482 @@
+"""Lesson 3, loss scaling and the GradScaler: the exercises.
+
+    from mplab.exercises import lesson3 as ex
+    ex.check("3.1", update_scale); ex.hint("3.1"); ex.solution("3.1")
+
+The reference for every check is torch itself: its update-scale and unscale kernels
+(``torch._amp_update_scale_``, ``torch._amp_foreach_non_finite_check_and_unscale_``) and
+``torch.amp.GradScaler`` run on the same inputs. A learner's code is compared with them bit for
+bit, as mplab's own GradScaler is.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+from mplab.exercises import Exercise, Incorrect, Lesson, as_number, call, is_blank
+
+# --- 3.1 the update rule ----------------------------------------------------------------------
+
+
+def torch_update(scale, tracker, found_inf, growth_factor, backoff_factor, growth_interval):
+    """What torch's own kernel makes of one update: (new scale, new tracker)."""
+    s = torch.tensor([scale], dtype=torch.float32)
+    t = torch.tensor([tracker], dtype=torch.int32)
+    f = torch.tensor([1.0 if found_inf else 0.0])
+    torch._amp_update_scale_(s, t, f, growth_factor, backoff_factor, growth_interval)
+    return s.item(), int(t.item())
+
+
+PUBLIC_3_1 = [  # (scale, tracker, found_inf, growth, backoff, interval): every branch once
+    (65536.0, 0, False, 2.0, 0.5, 3), (65536.0, 1, False, 2.0, 0.5, 3),
+    (65536.0, 2, False, 2.0, 0.5, 3), (65536.0, 2, True, 2.0, 0.5, 3),
+    (1024.0, 0, True, 2.0, 0.25, 1), (1024.0, 0, False, 4.0, 0.5, 1),
+]
+
+
+def _hidden_3_1() -> list[tuple]:
+    rng = random.Random(3)  # fixed: every grading run checks the same cases
+    top = torch.finfo(torch.float32).max
+    cases = [(3.0, 0, False, 1.001, 0.5, 1),  # 3.003 is not an fp32 number: rounded once
+             (1000.0, 4, True, 2.0, 0.37, 5), (top / 1.5, 0, False, 2.0, 0.5, 1),  # no inf
+             (2.0**-149, 0, True, 2.0, 0.5, 1)]  # backs off to 0
+    for _ in range(40):
+        scale = rng.choice([2.0**rng.randint(-10, 40), rng.uniform(1, 1e6)])
+        scale = torch.tensor(scale).item()  # a scaler's scale is always an fp32 number
+        cases.append((scale,
+                      rng.randint(0, 5), rng.random() < 0.3, rng.choice([2.0, 1.5, 1.001, 3.7]),
+                      rng.choice([0.5, 0.25, 0.37, 0.999]), rng.randint(1, 6)))
+    return cases
+
+
+def _update_matches(fn, cases) -> str | None:
+    for case in cases:
+        shown = "update_scale" + repr(case)
+        got = call(fn, *case, what=shown)
+        if got is None:
+            return f"{shown} returned None: is a return statement missing?"
+        if not isinstance(got, tuple | list) or len(got) != 2:
+            return f"{shown} returned {got!r:.60}; return a pair (new_scale, new_tracker)."
+        scale = as_number(got[0], what=f"the scale {shown} returned")
+        tracker = as_number(got[1], what=f"the tracker {shown} returned")
+        want_scale, want_tracker = torch_update(*case)
+        if scale == want_scale and tracker == want_tracker:
+            continue
+        s, t, found, growth, backoff, interval = case
+        if found:
+            why = "An inf/NaN was found: back off (scale × backoff_factor) and reset the tracker."
+        elif t + 1 == interval and math.isinf(
+                torch.tensor(s * growth, dtype=torch.float64).float().item()):
+            why = ("Growing would make the fp32 scale inf; torch keeps the scale instead (and "
+                   "still resets the tracker).")
+        elif t + 1 == interval:
+            why = (f"This is the {interval}th clean update in a row: the scale grows by "
+                   "growth_factor and the tracker starts again from 0.")
+        else:
+            why = "A clean update that does not reach growth_interval: count it, keep the scale."
+        if tracker == want_tracker and scale != want_scale and math.isclose(scale, want_scale,
+                                                                             rel_tol=1e-6):
+            why = ("Nearly: the scale is an fp32 number. torch multiplies in float64 and rounds "
+                   "the product once to fp32; a Python float keeps all 53 bits.")
+        return (f"{shown} gave ({scale!r}, {tracker!r}); torch gives ({want_scale!r}, "
+                f"{want_tracker}). {why} (Compared exactly.)")
+    return None
+
+
+def _check_3_1(fn) -> str | None:
+    if not callable(fn):
+        raise Incorrect("Pass the function itself, ex.check(\"3.1\", update_scale), without "
+                        f"calling it; got {fn!r:.40}, which is not a function.")
+    return _update_matches(fn, PUBLIC_3_1)
+
+
+def _hidden_check_3_1(fn) -> str | None:
+    return _update_matches(fn, _hidden_3_1())
+
+
+def _blank_fn(*probe):
+    def blank(fn) -> bool:
+        if is_blank(fn) or not callable(fn):
+            return is_blank(fn)
+        return call(fn, *probe, what="your function") is ...
+    return blank
+
+
+# --- 3.2 predict the scale --------------------------------------------------------------------
+
+SETTINGS_3_2 = {"init_scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                "growth_interval": 3}
+EVENTS_3_2 = "ok ok ok ok inf ok ok inf inf ok ok ok ok".split()
+
+
+def torch_scales(events: list[str], **settings) -> list[float]:
+    """The scale after each update of torch.amp.GradScaler, with an inf gradient injected in
+    the iterations marked "inf"."""
+    w = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w], lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", **settings)
+    out = []
+    for e in events:
+        scaler.scale((w * 2).sum()).backward()
+        if e == "inf":
+            w.grad.fill_(math.inf)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        out.append(scaler.get_scale())
+    return out
+
+
+def _variant(events, init, growth, backoff, interval, *, reset_on_inf=True, consecutive=True,
+             offset=0) -> float:
+    """A mistaken version of the rule, to say which mistake an answer comes from."""
+    scale, tracker, clean = init, 0, 0
+    for e in events:
+        if e == "inf":
+            scale *= backoff
+            tracker = 0 if reset_on_inf else tracker
+            continue
+        clean += 1
+        tracker += 1
+        count = tracker if consecutive else clean
+        if count == interval + offset or (not consecutive and clean % interval == 0):
+            scale *= growth
+            tracker = 0
+    return scale
+
+
+def _check_3_2(answer) -> str | None:
+    got = as_number(answer)
+    want = torch_scales(EVENTS_3_2, **SETTINGS_3_2)[-1]
+    if got == want:
+        return None
+    s = SETTINGS_3_2
+    args = (EVENTS_3_2, s["init_scale"], s["growth_factor"], s["backoff_factor"],
+            s["growth_interval"])
+    mistakes = [
+        (_variant(*args, reset_on_inf=False), "An inf resets the growth tracker to 0: the "
+                                              "clean iterations must come *in a row*."),
+        (_variant(*args, consecutive=False), "Growth needs growth_interval clean updates *in "
+                                             "a row* since the last growth or inf, not every "
+                                             "growth_interval-th clean one overall."),
+        (_variant(*args, offset=1), "Off by one: the scale grows on the growth_interval-th "
+                                    "clean update itself (the tracker counts 1, 2, 3, then "
+                                    "grows and restarts at 0)."),
+        (s["init_scale"], "The scale does change along the way: follow it update by update."),
+    ]
+    why = next((text for value, text in mistakes if value == got), None)
+    return why or ("Not the scale torch ends with. Walk through the events one at a time, "
+                   "keeping both the scale and the growth tracker.")
+
+
+# --- 3.3 the clipping bug ---------------------------------------------------------------------
+
+MAX_NORM = 1.0
+
+
+def _problem(seed: int = 0):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(6, 2)
+        x = torch.randn(16, 6) * 4  # large inputs: gradient norms well above MAX_NORM
+        y = torch.randn(16, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.05), x, y
+
+
+def _reference_step(model, optimizer, scaler, x, y, order: str) -> None:
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    scaler.scale(loss).backward()
+    if order == "right":
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+    elif order == "buggy":
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+
+
+def _run(step, steps: int = 3):
+    model, optimizer, x, y = _problem()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    for _ in range(steps):
+        step(model, optimizer, scaler, x, y)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a, b))
+
+
+def _check_3_3(fn) -> str | None:
+    if not callable(fn):
+        raise Incorrect("Pass the function itself, ex.check(\"3.3\", train_step), without "
+                        f"calling it; got {fn!r:.40}, which is not a function.")
+    got = call(_run, fn, what="train_step(model, optimizer, scaler, x, y)")
+    if _same(got, _run(lambda *a: _reference_step(*a, order="right"))):
+        return None
+    if _same(got, _run(lambda *a: _reference_step(*a, order="buggy"))):
+        return ("Still the bug: clip_grad_norm_ runs on the *scaled* gradients, whose norm is "
+                "about `scale` times too large, so clipping shrinks them far too much (and "
+                "max_norm means nothing). Unscale first, then clip.")
+    if _same(got, _run(lambda *a: _reference_step(*a, order="none"))):
+        return ("The bug is gone, but so is the clipping: keep clip_grad_norm_(model."
+                f"parameters(), {MAX_NORM}), just in the right place.")
+    return ("After 3 steps your model's weights differ from a correct loop's. Keep the same "
+            "calls as the buggy loop (same loss, same max_norm), only in the right order.")
+
+
+def _blank_3_3(fn) -> bool:
+    if is_blank(fn) or not callable(fn):
+        return is_blank(fn)
+    model, optimizer, x, y = _problem()
+    scaler = torch.amp.GradScaler("cpu")
+    return call(fn, model, optimizer, scaler, x, y, what="train_step(...)") is ...
+
+
+# --- 3.4 why bf16 needs no scaler -------------------------------------------------------------
+
+CHOICES_3_4 = {
+    "a": "bf16 has more mantissa bits than fp16, so small gradients keep their precision.",
+    "b": "bf16 has fp32's exponent range, so gradients that fp16 flushes to 0 stay nonzero.",
+    "c": "Under autocast, backward always runs in fp32, whatever the forward used.",
+    "d": "torch.amp.GradScaler does not support bf16 gradients.",
+}
+WHY_NOT_3_4 = {
+    "a": "Look again at the fields: bf16 has 7 mantissa bits, fp16 has 10. bf16 is *less* "
+         "precise; what does it have more of?",
+    "c": "Under autocast the backward of a matmul runs in the same low precision as its "
+         "forward (lesson 4's trace shows it); the gradients really are bf16 or fp16.",
+    "d": "GradScaler works with bf16 too (it unscales bf16 gradients); it is just not needed. "
+         "Think about which values a scaler rescues.",
+}
+
+
+def _check_3_4(answer) -> str | None:
+    if not isinstance(answer, str) or answer.strip().lower() not in CHOICES_3_4:
+        raise Incorrect("Answer with one letter: \"a\", \"b\", \"c\" or \"d\"; got "
+                        f"{answer!r:.40}.")
+    letter = answer.strip().lower()
+    return None if letter == "b" else WHY_NOT_3_4[letter]
+
+
+# --- 3.5 unscale and check, exactly -----------------------------------------------------------
+
+def torch_unscale(grads: list[torch.Tensor], inv_scale: torch.Tensor) -> bool:
+    """torch's own kernel: multiply in place, and say whether any value was inf or NaN."""
+    found = torch.zeros(1)
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv_scale.reshape(1))
+    return bool(found.item())
+
+
+def _inv(scale: float) -> torch.Tensor:
+    return torch.tensor(scale, dtype=torch.float64).reciprocal().float()  # as GradScaler does
+
+
+def _grads(seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(5, 7, generator=g) * 1e3, torch.randn(11, generator=g) * 1e-3]
+
+
+PUBLIC_3_5 = [(_grads(0), 2.0**16), (_grads(1) + [torch.tensor([1.0, math.inf])], 2.0**16),
+              (_grads(2) + [torch.tensor([math.nan, 2.0])], 1024.0)]
+
+
+def _hidden_3_5() -> list[tuple[list[torch.Tensor], float]]:
+    big = torch.full((8,), 3e38)  # finite, but their sum is inf
+    return [([big, torch.ones(3)], 1.0), ([torch.tensor([-math.inf])], 8.0),
+            ([g.bfloat16() for g in _grads(3)], 3.0), ([], 2.0**16),
+            (_grads(4), 3.0), ([torch.zeros(0), torch.tensor([5.0])], 2.0**24)]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def _unscale_matches(fn, cases) -> str | None:
+    for grads, scale in cases:
+        mine, ref = [g.clone() for g in grads], [g.clone() for g in grads]
+        shown = (f"unscale_and_check(<{len(grads)} grads: "
+                 + ", ".join(f"{g.dtype} {tuple(g.shape)}" for g in grads)
+                 + f">, inv_scale of {scale:g})")
+        got = call(fn, mine, _inv(scale), what=shown)
+        want = torch_unscale(ref, _inv(scale))
+        if not isinstance(got, bool | torch.Tensor) or (
+                isinstance(got, torch.Tensor) and got.numel() != 1):
+            return f"{shown} returned {got!r:.60}; return True or False."
+        if bool(got) != want:
+            if want:
+                return f"{shown} returned False, but a gradient holds an inf or NaN."
+            return (f"{shown} returned True, but every gradient is finite. A check that adds "
+                    "values up (sum, norm) overflows on large finite numbers: test each value "
+                    "(torch.isfinite).")
+        if not all(torch.equal(_bits(a), _bits(b)) for a, b in zip(mine, ref)):
+            return (f"{shown}: the gradients were not multiplied in place to exactly what torch "
+                    "gives. Multiply each one by inv_scale in place (g.mul_(inv_scale)), "
+                    "infs and NaNs included. (Compared bit for bit.)")
+    return None
+
+
+def _check_3_5(fn) -> str | None:
+    if not callable(fn):
+        raise Incorrect("Pass the function itself, ex.check(\"3.5\", unscale_and_check), without "
+                        f"calling it; got {fn!r:.40}, which is not a function.")
+    return _unscale_matches(fn, PUBLIC_3_5)
+
+
+def _hidden_check_3_5(fn) -> str | None:
+    return _unscale_matches(fn, _hidden_3_5())
+
+
+# --- the exercises ----------------------------------------------------------------------------
+
+def _cell(comment: str, body: str, id: str, arg: str = "answer") -> str:
+    return f'# {comment}\n{body}\nex.check("{id}", {arg})'
+
+
+BUGGY_3_3 = f'''def train_step(model, optimizer, scaler, x, y):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), {MAX_NORM})
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()'''
+
+EXERCISES = {e.id: e for e in [
+    Exercise(
+        id="3.1", title="The update rule",
+        prompt="Write `update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, "
+               "growth_interval)` returning `(new_scale, new_tracker)` exactly as "
+               "torch.amp.GradScaler.update() computes them. Grading adds factors that are not "
+               "powers of two and scales near fp32's limit.",
+        starter=_cell("3.1: one update of the scale and the growth tracker, as torch does it",
+                      "def update_scale(scale, tracker, found_inf, growth_factor, "
+                      "backoff_factor, growth_interval):\n"
+                      "    return ...  # (new_scale, new_tracker)", "3.1", arg="update_scale"),
+        solution_code=_cell(
+            "3.1: one update of the scale and the growth tracker, as torch does it",
+            "def fp32(x):  # torch keeps the scale in fp32: round the float64 product once\n"
+            "    return torch.tensor(x, dtype=torch.float64).float().item()\n"
+            "\n"
+            "def update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, "
+            "growth_interval):\n"
+            "    if found_inf:\n"
+            "        return fp32(scale * backoff_factor), 0\n"
+            "    if tracker + 1 == growth_interval:\n"
+            "        grown = fp32(scale * growth_factor)\n"
+            "        return (grown if math.isfinite(grown) else scale), 0\n"
+            "    return scale, tracker + 1", "3.1", arg="update_scale"),
+        check=_check_3_1, hidden=_hidden_check_3_1, blank=_blank_fn(*PUBLIC_3_1[0]),
+        hints=(
+            "Two cases: an inf/NaN was found (back off, start counting again), or not (count "
+            "one more clean update; on the growth_interval-th in a row, grow and restart).",
+            "The scale is an fp32 tensor in torch: the product is computed in float64 and "
+            "rounded once, torch.tensor(x, dtype=torch.float64).float().item(). A grown scale "
+            "that would be inf is not taken (math.isfinite).",
+            "found_inf: (fp32(scale*backoff), 0); else if tracker + 1 == growth_interval: "
+            "(fp32(scale*growth) if finite else scale, 0); else (scale, tracker + 1).",
+        )),
+    Exercise(
+        id="3.2", title="Predict the scale",
+        prompt=f"A GradScaler with {SETTINGS_3_2} sees these iterations in order (\"inf\": a "
+               f"gradient overflowed): {' '.join(EVENTS_3_2)}. What is the scale after the "
+               "last update? Work it out by hand first.",
+        starter=_cell("3.2: the scale after the last update", "answer = ...  # a number",
+                      "3.2"),
+        solution_code=_cell(
+            "3.2: the scale after the last update",
+            "# 1024 -ok ok ok-> 2048 -ok-> (tracker 1) -inf-> 1024 -ok ok-> (tracker 2)\n"
+            "# -inf-> 512 -inf-> 256 -ok ok ok-> 512 -ok-> (tracker 1)\n"
+            "answer = 512", "3.2"),
+        check=_check_3_2,
+        hints=(
+            "Keep two numbers as you go: the scale and the growth tracker (clean updates in a "
+            "row). An inf halves the scale and resets the tracker.",
+            "With growth_interval 3 the scale doubles on every 3rd clean update in a row, and "
+            "the tracker restarts at 0. You can check your walk with ex.torch_scales(events, "
+            "**ex.SETTINGS_3_2) after answering.",
+            "Start: 1024, tracker 0. The first three ok's double it to 2048; the fourth ok makes "
+            "the tracker 1; the inf halves to 1024 and resets ... keep going.",
+        )),
+    Exercise(
+        id="3.3", title="Find the bug: clipping before unscaling",
+        prompt="This step clips the gradient norm, but something is wrong:\n\n```python\n"
+               f"{BUGGY_3_3}\n```\n\nWrite the fixed `train_step`. It is checked by running "
+               "3 steps against a correct loop, weights compared bit for bit.",
+        starter=_cell("3.3: the fixed train_step (same calls, right order)",
+                      "def train_step(model, optimizer, scaler, x, y):\n"
+                      "    return ...  # fix the loop above", "3.3", arg="train_step"),
+        solution_code=_cell(
+            "3.3: the fixed train_step (same calls, right order)",
+            "def train_step(model, optimizer, scaler, x, y):\n"
+            "    loss = torch.nn.functional.mse_loss(model(x), y)\n"
+            "    scaler.scale(loss).backward()\n"
+            "    scaler.unscale_(optimizer)  # real gradients first ...\n"
+            f"    torch.nn.utils.clip_grad_norm_(model.parameters(), {MAX_NORM})  # ... then clip\n"
+            "    scaler.step(optimizer)  # knows they are unscaled: does not unscale again\n"
+            "    scaler.update()\n"
+            "    optimizer.zero_grad()", "3.3", arg="train_step"),
+        check=_check_3_3, blank=_blank_3_3,
+        hints=(
+            "After scaler.scale(loss).backward(), every gradient is multiplied by the scale "
+            "(65536 by default). What does a gradient norm mean then?",
+            "clip_grad_norm_ must see the real gradients. scaler.unscale_(optimizer) divides "
+            "them by the scale in place, and step() then knows not to do it again.",
+            "Swap two lines: unscale_ before clip_grad_norm_.",
+        )),
+    Exercise(
+        id="3.4", title="Why bf16 needs no scaler",
+        prompt="Training with bf16 autocast needs no GradScaler. Why? " + " ".join(
+            f"({k}) {v}" for k, v in CHOICES_3_4.items()),
+        starter=_cell("3.4: \"a\", \"b\", \"c\" or \"d\"", "answer = ...", "3.4"),
+        solution_code=_cell("3.4: \"a\", \"b\", \"c\" or \"d\"",
+                            "answer = \"b\"  # 8 exponent bits, like fp32: nothing to rescue",
+                            "3.4"),
+        check=_check_3_4,
+        hints=(
+            "A loss scaler rescues values that would underflow. Which property of a format "
+            "decides where underflow starts: its exponent bits or its mantissa bits?",
+            "F.format_table([\"fp16\", \"bf16\", \"fp32\"]) in lesson 1 compares their smallest "
+            "normal and subnormal values.",
+            "bf16 and fp32 share 8 exponent bits, so bf16's smallest numbers are fp32's.",
+        )),
+    Exercise(
+        id="3.5", title="Unscale and check, exactly", points=2,
+        prompt="Write `unscale_and_check(grads, inv_scale)`: multiply every gradient tensor in "
+               "`grads` by `inv_scale` (a 0-dim fp32 tensor) in place, and return True if any "
+               "value was inf or NaN. Grading adds bf16 gradients, empty lists and huge finite "
+               "values.",
+        starter=_cell("3.5: multiply each grad by inv_scale in place; True if any inf or NaN",
+                      "def unscale_and_check(grads, inv_scale):\n"
+                      "    return ...  # True or False", "3.5", arg="unscale_and_check"),
+        solution_code=_cell(
+            "3.5: multiply each grad by inv_scale in place; True if any inf or NaN",
+            "def unscale_and_check(grads, inv_scale):\n"
+            "    found = False\n"
+            "    for g in grads:\n"
+            "        found = found or not bool(torch.isfinite(g).all())  # per value: exact\n"
+            "        g.mul_(inv_scale)\n"
+            "    return found", "3.5", arg="unscale_and_check"),
+        check=_check_3_5, hidden=_hidden_check_3_5,
+        blank=_blank_fn([torch.ones(2)], torch.tensor(1.0)),
+        hints=(
+            "Two jobs per tensor: find out whether any of its values is inf or NaN, and "
+            "multiply it by inv_scale without making a copy.",
+            "torch.isfinite(g).all() tests every value; g.mul_(inv_scale) multiplies in place. "
+            "Summing the values first is tempting and wrong: 3e38 + 3e38 is inf in fp32.",
+            "found = any(not torch.isfinite(g).all() for g in grads), then g.mul_(inv_scale) "
+            "for each g; return found.",
+        )),
+]}
+
+LESSON = Lesson(3, list(EXERCISES.values()))
+check = LESSON.check
+hint = LESSON.hint
+solution = LESSON.solution
+exercise_cells = LESSON.exercise_cells
+cells = LESSON.cells

@@ -1,0 +1,215 @@
+"""Lesson 3 widget: step through dynamic loss scaling one iteration at a time.
+
+    from mplab.widgets.lesson3 import scaler_stepper
+    stepper = scaler_stepper(growth_interval=3)
+    stepper        # "next step", "inject inf", "10 clean steps"; stepper.scaler.history
+
+Each click runs one real iteration of :class:`mplab.scaler.GradScaler` (scale the loss,
+backward, step, update) on a small model, and the same iteration with
+``torch.amp.GradScaler`` beside it, so the widget shows torch agreeing at every step.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import io
+
+import ipywidgets as widgets
+import torch
+
+from mplab import plots
+from mplab.scaler import GradScaler
+
+__all__ = ["scaler_stepper", "ScalerStepper", "GROWTH_FACTORS", "BACKOFF_FACTORS"]
+
+GROWTH_FACTORS = (2.0, 4.0, 1.5, 1.001)
+BACKOFF_FACTORS = (0.5, 0.25, 0.9)
+_ROWS = 8  # iterations the table lists (the plot shows them all)
+
+
+def _guarded(callback):
+    """A learner's click must never raise into the kernel: show what went wrong instead."""
+    @functools.wraps(callback)
+    def run(self, *args):
+        try:
+            callback(self, *args)
+        except Exception as e:  # shown in the widget, not lost in a log
+            self.message.value = (f'<span style="color:#b00020">Something went wrong: '
+                                  f"{html.escape(type(e).__name__)}: {html.escape(str(e))}</span>")
+    return run
+
+
+class _Twin:
+    """One small model, its optimizer and a scaler: the iteration the widget runs."""
+
+    def __init__(self, scaler):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.model = torch.nn.Linear(8, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.scaler = scaler
+        self.x = torch.linspace(-1, 1, 32).reshape(4, 8)
+
+    def iteration(self, inject_inf: bool) -> None:
+        loss = self.model(self.x).pow(2).mean()
+        self.scaler.scale(loss).backward()
+        if inject_inf:  # what an fp16 overflow in the backward pass leaves in a gradient
+            self.model.weight.grad[0, 0] = float("inf")
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad()
+
+
+class ScalerStepper(widgets.VBox):
+    """Dynamic loss scaling, one iteration per click. Build it with :func:`scaler_stepper`.
+
+    Buttons: `next_step`, `inject_inf`, `ten_steps`, `reset`; settings (changing one restarts
+    the run): `init_scale` (log2), `growth_interval`, `growth_factor`, `backoff_factor`.
+    Outputs: `plot` (scale and tracker over the iterations), `table` (the latest iterations),
+    `agreement` (whether torch.amp.GradScaler, run beside it, has the same scale and tracker),
+    `message`. `scaler` is the :class:`mplab.scaler.GradScaler` being stepped.
+    """
+
+    def __init__(self, init_scale: float = 2.0**16, growth_interval: int = 3,
+                 growth_factor: float = 2.0, backoff_factor: float = 0.5):
+        super().__init__()
+        k = _log2_exact(init_scale)
+        if growth_factor not in GROWTH_FACTORS:
+            raise ValueError(f"growth_factor {growth_factor!r} is not offered; accepted: "
+                             + ", ".join(map(repr, GROWTH_FACTORS)))
+        if backoff_factor not in BACKOFF_FACTORS:
+            raise ValueError(f"backoff_factor {backoff_factor!r} is not offered; accepted: "
+                             + ", ".join(map(repr, BACKOFF_FACTORS)))
+        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or not (
+                1 <= growth_interval <= 50):
+            raise ValueError(f"growth_interval must be a whole number from 1 to 50, got "
+                             f"{growth_interval!r}")
+        style = {"description_width": "initial"}
+        self.init_scale = widgets.IntSlider(k, min=0, max=30, description="init scale 2^",
+                                            style=style, continuous_update=False)
+        self.growth_interval = widgets.IntSlider(growth_interval, min=1, max=50, style=style,
+                                                 description="growth_interval",
+                                                 continuous_update=False)
+        self.growth_factor = widgets.Dropdown(options=GROWTH_FACTORS, value=growth_factor,
+                                              description="growth_factor", style=style,
+                                              layout=widgets.Layout(width="200px"))
+        self.backoff_factor = widgets.Dropdown(options=BACKOFF_FACTORS, value=backoff_factor,
+                                               description="backoff_factor", style=style,
+                                               layout=widgets.Layout(width="200px"))
+        self.next_step = widgets.Button(description="next step", icon="step-forward")
+        self.inject_inf = widgets.Button(description="inject inf", icon="bolt",
+                                         button_style="danger")
+        self.ten_steps = widgets.Button(description="10 clean steps", icon="forward")
+        self.reset = widgets.Button(description="reset", icon="undo")
+        for name in ("next_step", "inject_inf", "ten_steps", "reset"):
+            getattr(self, name).add_class(f"mplab-scaler-{name.replace('_', '-')}")
+        self.message = widgets.HTML()
+        self.agreement = widgets.HTML()
+        self.agreement.add_class("mplab-scaler-agreement")
+        self.status = widgets.HTML()
+        self.status.add_class("mplab-scaler-status")
+        self.plot = widgets.Image(format="png", layout=widgets.Layout(max_width="100%",
+                                                                      height="auto"))
+        self.table = widgets.HTML()
+        self.table.add_class("mplab-scaler-table")
+        self.children = [
+            widgets.HTML("<b>GradScaler, step by step</b>: each click is one iteration "
+                         "(scale the loss, backward, step, update)."),
+            widgets.HBox([self.init_scale, self.growth_interval]),
+            widgets.HBox([self.growth_factor, self.backoff_factor]),
+            widgets.HBox([self.next_step, self.inject_inf, self.ten_steps, self.reset]),
+            self.message, self.status, self.agreement, self.plot, self.table]
+        self.add_class("mplab-scaler-stepper")
+        self.next_step.on_click(lambda _: self._steps([False]))
+        self.inject_inf.on_click(lambda _: self._steps([True]))
+        self.ten_steps.on_click(lambda _: self._steps([False] * 10))
+        self.reset.on_click(lambda _: self._restart())
+        for control in (self.init_scale, self.growth_interval, self.growth_factor,
+                        self.backoff_factor):
+            control.observe(lambda _: self._restart(), "value")
+        self._restart()
+
+    def _settings(self) -> dict:
+        return {"init_scale": 2.0**self.init_scale.value,
+                "growth_factor": self.growth_factor.value,
+                "backoff_factor": self.backoff_factor.value,
+                "growth_interval": self.growth_interval.value}
+
+    @_guarded
+    def _restart(self) -> None:
+        self.scaler = GradScaler("cpu", **self._settings())
+        self._ours = _Twin(self.scaler)
+        self._torch = _Twin(torch.amp.GradScaler("cpu", **self._settings()))
+        self._render()
+
+    @_guarded
+    def _steps(self, injections: list[bool]) -> None:
+        for inject in injections:
+            self._ours.iteration(inject)
+            self._torch.iteration(inject)
+        self._render()
+
+    def _render(self) -> None:
+        self.message.value = ""
+        history = self.scaler.history
+        ours, theirs = self.scaler.state_dict(), self._torch.scaler.state_dict()
+        same = (ours == theirs
+                and all(torch.equal(a, b) for a, b in zip(self._ours.model.parameters(),
+                                                          self._torch.model.parameters())))
+        self.agreement.value = (
+            '<span style="color:#1a7f37">✓ torch.amp.GradScaler, run beside it, has the same '
+            "scale, tracker and weights.</span>" if same else
+            '<span style="color:#b00020;font-weight:bold">✗ torch.amp.GradScaler differs: '
+            f"scale {theirs['scale']!r}, tracker {theirs['_growth_tracker']}.</span>")
+        skipped = sum(r.found_inf for r in history)
+        interval = self.growth_interval.value
+        self.status.value = (
+            f'<div style="font-size:13px">After {len(history)} iterations: scale '
+            f"<b>{ours['scale']:g}</b>, growth tracker <b>{ours['_growth_tracker']}</b> "
+            f"of {interval} (the scale grows when {interval} clean iterations in a row "
+            f"are done), {skipped} step{'s' if skipped != 1 else ''} skipped.</div>")
+        self.plot.value = _png(plots.scaler_timeline_plot(history, pyplot=False,
+                                                          init_scale=2.0**self.init_scale.value))
+        self.table.value = _table_html(history[-_ROWS:])
+
+
+def _log2_exact(init_scale) -> int:
+    if isinstance(init_scale, bool) or not isinstance(init_scale, int | float):
+        raise ValueError(f"init_scale must be a power of two from 1 to 2**30, got {init_scale!r}")
+    k = float(init_scale).hex()
+    if init_scale <= 0 or not k.startswith("0x1.0000000000000p"):
+        raise ValueError(f"init_scale must be a power of two from 1 to 2**30, got {init_scale!r}")
+    exponent = int(k.split("p")[1])
+    if not 0 <= exponent <= 30:
+        raise ValueError(f"init_scale must be a power of two from 1 to 2**30, got {init_scale!r}")
+    return exponent
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _table_html(records) -> str:
+    head = ["iteration", "scale used", "inf/NaN found", "step", "new scale", "tracker"]
+    th = "".join(f'<th style="padding:1px 10px;text-align:left">{h}</th>' for h in head)
+    rows = []
+    for r in records:
+        red = ' style="color:#b00020;font-weight:bold"' if r.found_inf else ""
+        cells = [r.iteration, f"{r.scale:g}", f"<span{red}>{'yes' if r.found_inf else 'no'}</span>",
+                 "taken" if all(r.stepped.values()) else "skipped", f"{r.new_scale:g}",
+                 r.growth_tracker]
+        rows.append("<tr>" + "".join(f'<td style="padding:1px 10px">{c}</td>' for c in cells)
+                    + "</tr>")
+    return ('<table style="border-collapse:collapse;font-size:12px">'
+            f'<thead><tr style="border-bottom:1px solid #999">{th}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+def scaler_stepper(init_scale: float = 2.0**16, growth_interval: int = 3,
+                   growth_factor: float = 2.0, backoff_factor: float = 0.5) -> ScalerStepper:
+    """Step through :class:`mplab.scaler.GradScaler` one iteration per click, with inf
+    injection, its settings as controls, and a live timeline of scale, tracker and skips."""
+    return ScalerStepper(init_scale, growth_interval, growth_factor, backoff_factor)

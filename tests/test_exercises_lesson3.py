@@ -1,0 +1,163 @@
+"""Lesson 3's exercises: references against torch's kernels and GradScaler, and the feedback
+a learner's likely mistakes get."""
+
+import ast
+import math
+
+import pytest
+import torch
+
+from mplab.exercises import lesson3 as ex
+from mplab.scaler import GradScaler
+
+IDS = list(ex.EXERCISES)
+
+
+@pytest.fixture(autouse=True)
+def fresh_session(monkeypatch):
+    monkeypatch.delenv("MPLAB_GRADING", raising=False)
+    monkeypatch.delenv("MPLAB_GRADE_LOG", raising=False)
+    ex.LESSON.reset()
+
+
+def run_cell(source: str):
+    tree = ast.parse(source)
+    last = tree.body.pop()
+    namespace = {"ex": ex, "math": math, "torch": torch}
+    exec(compile(tree, "<cell>", "exec"), namespace)
+    return eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace), namespace
+
+
+def failed_saying(result, *words):
+    assert result.status == "failed" and result.points == 0, result
+    for w in words:
+        assert w.lower() in result.message.lower(), result.message
+    return result.message
+
+
+@pytest.mark.parametrize("xid", IDS)
+def test_starters_are_not_attempted_and_solutions_pass_hidden_checks_too(xid, monkeypatch):
+    assert run_cell(ex.EXERCISES[xid].starter)[0].status == "not attempted"
+    monkeypatch.setenv("MPLAB_GRADING", "1")
+    result, _ = run_cell(ex.EXERCISES[xid].solution_code)
+    assert result.status == "passed" and result.points == ex.EXERCISES[xid].points, result
+
+
+def test_five_exercises_six_points():
+    assert IDS == ["3.1", "3.2", "3.3", "3.4", "3.5"]
+    assert sum(e.points for e in ex.EXERCISES.values()) == 6
+
+
+# --- 3.1 ----------------------------------------------------------------------------------------
+
+def test_3_1_reference_kernel_agrees_with_a_real_gradscaler_update():
+    for case in ex.PUBLIC_3_1 + ex._hidden_3_1()[:10]:
+        scale, tracker, found, growth, backoff, interval = case
+        scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_factor=growth,
+                                      backoff_factor=backoff, growth_interval=interval)
+        scaler.load_state_dict({**scaler.state_dict(), "_growth_tracker": tracker})
+        w = torch.nn.Parameter(torch.ones(1))
+        opt = torch.optim.SGD([w], lr=0.0)
+        scaler.scale(w.sum()).backward()
+        if found:
+            w.grad.fill_(math.nan)
+        scaler.step(opt)
+        scaler.update()
+        assert (scaler.get_scale(), scaler._get_growth_tracker()) == ex.torch_update(*case)
+
+
+def double_precision(scale, tracker, found, growth, backoff, interval):
+    """Right rule, but Python floats: not fp32-rounded, and growing into inf."""
+    if found:
+        return scale * backoff, 0
+    if tracker + 1 == interval:
+        return scale * growth, 0
+    return scale, tracker + 1
+
+
+def test_3_1_feedback(monkeypatch):
+    assert ex.check("3.1", double_precision).passed  # public cases are exact powers of two
+    monkeypatch.setenv("MPLAB_GRADING", "1")
+    failed_saying(ex.check("3.1", double_precision), "hidden", "fp32")
+    failed_saying(ex.check("3.1", lambda *a: (a[0], 0)), "update_scale(")
+    failed_saying(ex.check("3.1", lambda *a: a[0]), "pair")
+    assert ex.check("3.1", lambda *a: 1 / 0).status == "error"
+
+
+# --- 3.2 ----------------------------------------------------------------------------------------
+
+def test_3_2_reference_is_torch_and_mplab_agrees():
+    want = ex.torch_scales(ex.EVENTS_3_2, **ex.SETTINGS_3_2)
+    w = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w], lr=0.0)
+    ours = GradScaler("cpu", **ex.SETTINGS_3_2)
+    for e in ex.EVENTS_3_2:
+        ours.scale(w.sum()).backward()
+        if e == "inf":
+            w.grad.fill_(math.inf)
+        ours.step(opt)
+        ours.update()
+        opt.zero_grad()
+    assert [r.new_scale for r in ours.history] == want
+    assert ex.check("3.2", want[-1]).passed
+    assert ex.check("3.2", "512").passed  # numeric text is read as a number
+    other = ex._variant(ex.EVENTS_3_2, 1024.0, 2.0, 0.5, 3, consecutive=False)
+    if other != want[-1]:
+        failed_saying(ex.check("3.2", other), "in a row")
+    failed_saying(ex.check("3.2", 3.0), "walk through")
+
+
+# --- 3.3 ----------------------------------------------------------------------------------------
+
+def test_3_3_the_buggy_loop_fails_and_the_fix_passes():
+    _, ns = run_cell(f"{ex.BUGGY_3_3}\n0")
+    failed_saying(ex.check("3.3", ns["train_step"]), "*scaled* gradients", "unscale first")
+    no_clip = ex.BUGGY_3_3.replace(
+        f"    torch.nn.utils.clip_grad_norm_(model.parameters(), {ex.MAX_NORM})\n", "")
+    _, ns = run_cell(f"{no_clip}\n0")
+    failed_saying(ex.check("3.3", ns["train_step"]), "so is the clipping")
+    # the clipping really matters on this problem: the two loops end apart
+    assert not ex._same(ex._run(lambda *a: ex._reference_step(*a, order="right")),
+                        ex._run(lambda *a: ex._reference_step(*a, order="none")))
+
+
+# --- 3.4 ----------------------------------------------------------------------------------------
+
+def test_3_4_every_wrong_choice_explains_itself():
+    assert ex.check("3.4", " B ").passed
+    for letter in "acd":
+        failed_saying(ex.check("3.4", letter))
+    assert ex.check("3.4", "e").status == "failed" and "one letter" in ex.check("3.4", 2).message
+
+
+# --- 3.5 ----------------------------------------------------------------------------------------
+
+def summing_check(grads, inv_scale):
+    found = any(not torch.isfinite(g.sum()) for g in grads)
+    for g in grads:
+        g.mul_(inv_scale)
+    return found
+
+
+def out_of_place(grads, inv_scale):
+    found = any(not torch.isfinite(g).all() for g in grads)
+    grads = [g * inv_scale for g in grads]  # new tensors: the optimizer never sees them
+    return found
+
+
+def test_3_5_feedback(monkeypatch):
+    assert ex.check("3.5", summing_check).message.startswith("Public checks passed")
+    monkeypatch.setenv("MPLAB_GRADING", "1")
+    failed_saying(ex.check("3.5", summing_check), "overflows on large finite numbers")
+    failed_saying(ex.check("3.5", lambda grads, inv: [g.mul_(inv) for g in grads] and False),
+                  "holds an inf or nan")
+    failed_saying(ex.check("3.5", lambda grads, inv: any(not torch.isfinite(g).all()
+                                                         for g in grads)), "in place")
+    failed_saying(ex.check("3.5", out_of_place), "in place")
+
+
+def test_3_5_hidden_cases_are_what_torch_kernel_says():
+    for grads, scale in ex._hidden_3_5():
+        copies = [g.clone() for g in grads]
+        found = ex.torch_unscale(copies, ex._inv(scale))
+        assert found == any(not torch.isfinite(g).all() for g in grads)

@@ -1,0 +1,104 @@
+"""Lesson 3's scaler stepper, driven from Python as a learner drives it in the browser.
+
+The reference is torch.amp.GradScaler itself, stepped through the same iterations here."""
+
+import re
+
+import pytest
+import torch
+
+from mplab import plots
+from mplab.widgets import lesson3
+from mplab.widgets.lesson3 import scaler_stepper
+
+
+def torch_run(clicks: list[bool], **settings) -> torch.amp.GradScaler:
+    """torch's scaler through the same iterations (True: an inf injected)."""
+    twin = lesson3._Twin(torch.amp.GradScaler("cpu", **settings))
+    for inject in clicks:
+        twin.iteration(inject)
+    return twin.scaler
+
+
+def cells(stepper) -> list[list[str]]:
+    rows = re.findall(r"<tr>(.*?)</tr>", stepper.table.value)
+    return [[re.sub(r"<.*?>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r)]
+            for r in rows]
+
+
+def test_clicks_step_the_scaler_exactly_as_torch_does():
+    stepper = scaler_stepper(init_scale=2.0**10, growth_interval=2)
+    clicks = []
+    for button, injected in [(stepper.next_step, [False]), (stepper.next_step, [False]),
+                             (stepper.inject_inf, [True]), (stepper.ten_steps, [False] * 10),
+                             (stepper.inject_inf, [True]), (stepper.next_step, [False])]:
+        button.click()
+        clicks += injected
+        ref = torch_run(clicks, init_scale=2.0**10, growth_interval=2)
+        assert stepper.scaler.state_dict() == ref.state_dict()
+        assert "✓ torch.amp.GradScaler" in stepper.agreement.value
+        assert stepper.message.value == ""
+    history = stepper.scaler.history
+    assert len(history) == len(clicks) == 15
+    assert [r.found_inf for r in history] == clicks
+    assert f"scale <b>{ref.get_scale():g}</b>" in stepper.status.value
+    assert "2 steps skipped" in stepper.status.value
+    last = cells(stepper)
+    assert len(last) == lesson3._ROWS and last[-1][0] == "14"
+    assert last[-2][2:4] == ["yes", "skipped"] and last[-1][2:4] == ["no", "taken"]
+
+
+def test_settings_restart_the_run_with_the_new_values():
+    stepper = scaler_stepper()
+    stepper.next_step.click()
+    plot = stepper.plot.value
+    stepper.growth_interval.value = 1
+    assert stepper.scaler.history == [] and "After 0 iterations" in stepper.status.value
+    stepper.growth_factor.value = 1.5
+    stepper.backoff_factor.value = 0.25
+    stepper.init_scale.value = 4
+    stepper.ten_steps.click()  # growth_interval 1: grows by 1.5 every clean step
+    ref = torch_run([False] * 10, init_scale=16.0, growth_factor=1.5, backoff_factor=0.25,
+                    growth_interval=1)
+    assert stepper.scaler.get_scale() == ref.get_scale() == 16.0 * 1.5**10
+    stepper.inject_inf.click()
+    assert stepper.scaler.get_scale() == torch_run([False] * 10 + [True], init_scale=16.0,
+                                                   growth_factor=1.5, backoff_factor=0.25,
+                                                   growth_interval=1).get_scale()
+    assert stepper.plot.value != plot
+    stepper.reset.click()
+    assert stepper.scaler.history == [] and stepper.scaler.get_scale() == 16.0
+
+
+def test_a_failure_inside_a_click_is_shown_not_raised(monkeypatch):
+    stepper = scaler_stepper()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no plot today")
+
+    monkeypatch.setattr(lesson3.plots, "scaler_timeline_plot", broken)
+    stepper.next_step.click()
+    assert "RuntimeError: no plot today" in stepper.message.value
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"init_scale": 3.0}, "power of two"), ({"init_scale": 2.0**40}, "power of two"),
+    ({"init_scale": "big"}, "power of two"), ({"growth_interval": 0}, "1 to 50"),
+    ({"growth_factor": 3.0}, "accepted: 2.0"), ({"backoff_factor": 1.0}, "accepted: 0.5"),
+])
+def test_bad_settings_say_what_is_accepted(bad, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        scaler_stepper(**bad)
+
+
+def test_timeline_plot_marks_the_skipped_steps():
+    stepper = scaler_stepper(growth_interval=2)
+    for b in (stepper.next_step, stepper.inject_inf, stepper.next_step):
+        b.click()
+    fig = plots.scaler_timeline_plot(stepper.scaler.history, pyplot=False)
+    ax = fig.axes[0]
+    assert ax.get_title() == "3 iterations, 1 skipped"
+    crosses = [line for line in ax.get_lines() if line.get_marker() == "x"]
+    assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [1]
+    with pytest.raises(TypeError, match="GradScaler.history"):
+        plots.scaler_timeline_plot([1.0, 2.0])
