@@ -1,11 +1,10 @@
 """Lesson 2's exercises: each reference answer against direct torch casts, and the feedback a
 learner's likely mistakes get."""
 
-import ast
-import math
 
 import pytest
 import torch
+from conftest import failed_saying, run_cell
 
 from mplab import ranges as R
 from mplab.exercises import lesson2 as ex
@@ -14,39 +13,16 @@ IDS = list(ex.EXERCISES)
 FP16_TINY = torch.finfo(torch.float16).tiny  # the smallest normal
 
 
-@pytest.fixture(autouse=True)
-def fresh_session(monkeypatch):
-    monkeypatch.delenv("MPLAB_GRADING", raising=False)
-    monkeypatch.delenv("MPLAB_GRADE_LOG", raising=False)
-    ex.LESSON.reset()
-
-
 @pytest.fixture(scope="module")
 def cap():
     return R.lesson_capture()
 
 
-def run_cell(source: str, **names):
-    """Run a notebook cell the way Jupyter does: the last expression is the cell's value."""
-    tree = ast.parse(source)
-    last = tree.body.pop()
-    namespace = {"ex": ex, "math": math, "torch": torch, **names}
-    exec(compile(tree, "<cell>", "exec"), namespace)
-    return eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace)
-
-
-def failed_saying(result, *words):
-    assert result.status == "failed" and result.points == 0, result
-    for w in words:
-        assert w.lower() in result.message.lower(), result.message
-    return result.message
-
-
 @pytest.mark.parametrize("xid", IDS)
 def test_starters_are_not_attempted_and_solutions_pass(xid, cap, monkeypatch):
-    assert run_cell(ex.EXERCISES[xid].starter, cap=cap).status == "not attempted"
+    assert run_cell(ex.EXERCISES[xid].starter, cap=cap, ex=ex)[0].status == "not attempted"
     monkeypatch.setenv("MPLAB_GRADING", "1")  # the hidden checks too
-    result = run_cell(ex.EXERCISES[xid].solution_code, cap=cap)
+    result, _ = run_cell(ex.EXERCISES[xid].solution_code, cap=cap, ex=ex)
     assert result.status == "passed" and result.points == ex.EXERCISES[xid].points, result
 
 

@@ -1,11 +1,11 @@
 """Lesson 3's exercises: references against torch's kernels and GradScaler, and the feedback
 a learner's likely mistakes get."""
 
-import ast
 import math
 
 import pytest
 import torch
+from conftest import failed_saying, run_cell
 
 from mplab.exercises import lesson3 as ex
 from mplab.scaler import GradScaler
@@ -13,33 +13,11 @@ from mplab.scaler import GradScaler
 IDS = list(ex.EXERCISES)
 
 
-@pytest.fixture(autouse=True)
-def fresh_session(monkeypatch):
-    monkeypatch.delenv("MPLAB_GRADING", raising=False)
-    monkeypatch.delenv("MPLAB_GRADE_LOG", raising=False)
-    ex.LESSON.reset()
-
-
-def run_cell(source: str):
-    tree = ast.parse(source)
-    last = tree.body.pop()
-    namespace = {"ex": ex, "math": math, "torch": torch}
-    exec(compile(tree, "<cell>", "exec"), namespace)
-    return eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace), namespace
-
-
-def failed_saying(result, *words):
-    assert result.status == "failed" and result.points == 0, result
-    for w in words:
-        assert w.lower() in result.message.lower(), result.message
-    return result.message
-
-
 @pytest.mark.parametrize("xid", IDS)
 def test_starters_are_not_attempted_and_solutions_pass_hidden_checks_too(xid, monkeypatch):
-    assert run_cell(ex.EXERCISES[xid].starter)[0].status == "not attempted"
+    assert run_cell(ex.EXERCISES[xid].starter, ex=ex)[0].status == "not attempted"
     monkeypatch.setenv("MPLAB_GRADING", "1")
-    result, _ = run_cell(ex.EXERCISES[xid].solution_code)
+    result, _ = run_cell(ex.EXERCISES[xid].solution_code, ex=ex)
     assert result.status == "passed" and result.points == ex.EXERCISES[xid].points, result
 
 
@@ -110,11 +88,11 @@ def test_3_2_reference_is_torch_and_mplab_agrees():
 # --- 3.3 ----------------------------------------------------------------------------------------
 
 def test_3_3_the_buggy_loop_fails_and_the_fix_passes():
-    _, ns = run_cell(f"{ex.BUGGY_3_3}\n0")
+    _, ns = run_cell(f"{ex.BUGGY_3_3}\n0", ex=ex)
     failed_saying(ex.check("3.3", ns["train_step"]), "*scaled* gradients", "unscale first")
     no_clip = ex.BUGGY_3_3.replace(
         f"    torch.nn.utils.clip_grad_norm_(model.parameters(), {ex.MAX_NORM})\n", "")
-    _, ns = run_cell(f"{no_clip}\n0")
+    _, ns = run_cell(f"{no_clip}\n0", ex=ex)
     failed_saying(ex.check("3.3", ns["train_step"]), "so is the clipping")
     # the clipping really matters on this problem: the two loops end apart
     assert not ex._same(ex._run(lambda *a: ex._reference_step(*a, order="right")),

@@ -29,8 +29,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Result", "Exercise", "Lesson", "Incorrect", "STATUSES", "is_blank", "grading",
-           "as_number", "call", "GRADING_ENV", "GRADE_LOG_ENV", "CELL_METADATA_KEY"]
+__all__ = ["Result", "Exercise", "Lesson", "Incorrect", "STATUSES", "is_blank", "blank_dict",
+           "blank_function", "need_function", "cell", "grading", "as_number", "call",
+           "GRADING_ENV", "GRADE_LOG_ENV", "CELL_METADATA_KEY"]
 
 #: The statuses a check can end in (hint() and solution() results use "hint" and "solution").
 STATUSES = ("passed", "failed", "not attempted", "error")
@@ -104,6 +105,44 @@ class Incorrect(Exception):
 def is_blank(answer) -> bool:
     """The untouched starter: ``...`` or None."""
     return answer is ... or answer is None
+
+
+def blank_dict(answer) -> bool:
+    """Blank, or the starter's dict with every value still ``...``."""
+    return is_blank(answer) or (isinstance(answer, dict) and bool(answer)
+                                and all(v is ... for v in answer.values()))
+
+
+def blank_function(*probe) -> Callable[[Any], bool]:
+    """A blank check for a "write this function" exercise: blank, or a function that still
+    returns the starter's ``...`` when called with `probe` (tensors in it are cloned, so a
+    function that works in place cannot change them for the next call)."""
+    def blank(fn) -> bool:
+        if is_blank(fn) or not callable(fn):
+            return is_blank(fn)
+        args = [_fresh(a) for a in probe]
+        return call(fn, *args, what=f"{getattr(fn, '__name__', 'your function')}(...)") is ...
+    return blank
+
+
+def _fresh(value):
+    if hasattr(value, "clone"):
+        return value.clone()
+    if isinstance(value, list):
+        return [_fresh(v) for v in value]
+    return value
+
+
+def need_function(fn, id: str, name: str) -> None:
+    """Raise :class:`Incorrect` unless the answer is a function (not its result)."""
+    if not callable(fn):
+        raise Incorrect(f"Pass the function itself, ex.check(\"{id}\", {name}), without "
+                        f"calling it; got {fn!r:.40}, which is not a function.")
+
+
+def cell(comment: str, body: str, id: str, arg: str = "answer") -> str:
+    """An exercise cell's source: a comment line, the body, and the check of `arg`."""
+    return f'# {comment}\n{body}\nex.check("{id}", {arg})'
 
 
 def grading() -> bool:

@@ -13,7 +13,17 @@ from __future__ import annotations
 import math
 import random
 
-from mplab.exercises import Exercise, Incorrect, Lesson, as_number, call, is_blank
+from mplab.exercises import (
+    Exercise,
+    Incorrect,
+    Lesson,
+    as_number,
+    blank_dict,
+    blank_function,
+    call,
+    cell,
+    need_function,
+)
 from mplab.formats import FORMATS, decompose, field_bits, from_bits, get_format
 
 FP16 = get_format("fp16")
@@ -200,11 +210,6 @@ def _check_1_4(answer) -> str | None:
             + "\n".join("- " + _why_1_4(x) for x in wrong))
 
 
-def _blank_1_4(answer) -> bool:
-    return is_blank(answer) or (isinstance(answer, dict) and bool(answer)
-                                and all(v is ... for v in answer.values()))
-
-
 # --- 1.5 a general decoder --------------------------------------------------------------------
 
 PUBLIC_1_5 = [("fp16", [0x3C00, 0xC000, 0x3555, 0x7BFF, 0x0400, 0x0000, 0x8000, 0x0001,
@@ -266,9 +271,7 @@ def _decode_matches(decode, patterns: list[tuple[str, list[int]]]) -> str | None
 
 
 def _check_1_5(decode) -> str | None:
-    if not callable(decode):
-        raise Incorrect("Pass the function itself, ex.check(\"1.5\", decode), without calling "
-                        f"it; got {decode!r:.40}, which is not a function.")
+    need_function(decode, "1.5", "decode")
     return _decode_matches(decode, PUBLIC_1_5)
 
 
@@ -276,18 +279,7 @@ def _hidden_1_5(decode) -> str | None:
     return _decode_matches(decode, _hidden_patterns())
 
 
-def _blank_1_5(decode) -> bool:
-    # The starter's body is `return ...`: an untouched decoder returns Ellipsis.
-    if is_blank(decode) or not callable(decode):
-        return is_blank(decode)
-    return call(decode, 0x3C00, 5, 10, 15, what="decode(0x3c00, 5, 10, 15)") is ...
-
-
 # --- the exercises ----------------------------------------------------------------------------
-
-def _cell(comment: str, body: str, id: str, arg: str = "answer") -> str:
-    return f'# {comment}\n{body}\nex.check("{id}", {arg})'
-
 
 _DICT_1_4 = "{" + ", ".join(f"{x!r}: ..." for x in NUMBERS_1_4) + "}"
 _ANSWER_1_4 = "{" + ", ".join(f'{x!r}: "{better_format(x)}"' for x in NUMBERS_1_4) + "}"
@@ -297,9 +289,9 @@ EXERCISES = {e.id: e for e in [
         id="1.1", title="Decode an fp16 pattern by hand",
         prompt="The fp16 bit pattern `1 10010 1010000000` (sign, exponent, mantissa): which "
                "number does it store? Give the exact value.",
-        starter=_cell("1.1: the fp16 pattern 1 10010 1010000000 is which number? (exact)",
+        starter=cell("1.1: the fp16 pattern 1 10010 1010000000 is which number? (exact)",
                       "answer = ...  # a number, e.g. -2.5 or 2**-3", "1.1"),
-        solution_code=_cell(
+        solution_code=cell(
             "1.1: the fp16 pattern 1 10010 1010000000 is which number? (exact)",
             "sign, exponent, mantissa = 0b1, 0b10010, 0b1010000000\n"
             "answer = (-1)**sign * (1 + mantissa / 2**10) * 2.0**(exponent - 15)  # bias 15",
@@ -319,9 +311,9 @@ EXERCISES = {e.id: e for e in [
         id="1.2", title="fp16's largest finite value",
         prompt="Work out fp16's largest finite value from its fields (5 exponent bits, 10 "
                "mantissa bits, bias 15). Some documentation says 65535; is that right?",
-        starter=_cell("1.2: fp16's largest finite value, from its fields (exact)",
+        starter=cell("1.2: fp16's largest finite value, from its fields (exact)",
                       "answer = ...  # a number", "1.2"),
-        solution_code=_cell(
+        solution_code=cell(
             "1.2: fp16's largest finite value, from its fields (exact)",
             "# exponent 11111 is reserved for inf/NaN, so the largest is 0 11110 1111111111\n"
             "answer = (2 - 2**-10) * 2.0**(0b11110 - 15)", "1.2"),
@@ -338,9 +330,9 @@ EXERCISES = {e.id: e for e in [
         id="1.3", title="The smallest positive fp16 number",
         prompt="What is the smallest positive number fp16 can store? (Checked with a relative "
                f"tolerance of {REL_1_3:g}.)",
-        starter=_cell(f"1.3: the smallest positive fp16 number (relative tolerance {REL_1_3:g})",
+        starter=cell(f"1.3: the smallest positive fp16 number (relative tolerance {REL_1_3:g})",
                       "answer = ...  # a number; 2**k notation is fine", "1.3"),
-        solution_code=_cell(
+        solution_code=cell(
             f"1.3: the smallest positive fp16 number (relative tolerance {REL_1_3:g})",
             "# a subnormal: exponent 00000, mantissa 0000000001 -> 0.0000000001 x 2^(1 - 15)\n"
             "answer = 2**-10 * 2.0**(1 - 15)", "1.3"),
@@ -357,14 +349,14 @@ EXERCISES = {e.id: e for e in [
         id="1.4", title="Range vs precision: fp16 or bf16?",
         prompt="For each number, which format stores it more precisely (closer to the true "
                "value), \"fp16\" or \"bf16\"?",
-        starter=_cell("1.4: which format stores each number more precisely, \"fp16\" or "
+        starter=cell("1.4: which format stores each number more precisely, \"fp16\" or "
                       "\"bf16\"?", f"answer = {_DICT_1_4}", "1.4"),
-        solution_code=_cell(
+        solution_code=cell(
             "1.4: which format stores each number more precisely, \"fp16\" or \"bf16\"?",
             "# in both ranges: more mantissa bits win; out of fp16's range (or in its\n"
             "# subnormals): bf16's wider exponent wins\n"
             f"answer = {_ANSWER_1_4}", "1.4"),
-        check=_check_1_4, blank=_blank_1_4,
+        check=_check_1_4, blank=blank_dict,
         hints=(
             "Range (how large and how small, set by the exponent bits) against precision (how "
             "many significant bits, set by the mantissa): fp16 has 5 exponent and 10 mantissa "
@@ -381,10 +373,10 @@ EXERCISES = {e.id: e for e in [
         prompt="Write `decode(bits, exp_bits, man_bits, bias)` that returns the value of any "
                "IEEE-style bit pattern: normals, subnormals, signed zeros, infinities and NaN. "
                "Public checks use fp16 patterns; grading also tries other formats.",
-        starter=_cell("1.5: decode any IEEE-style pattern (normals, subnormals, +-0, +-inf, NaN)",
+        starter=cell("1.5: decode any IEEE-style pattern (normals, subnormals, +-0, +-inf, NaN)",
                       "def decode(bits, exp_bits, man_bits, bias):\n"
                       "    return ...  # the value, as a float", "1.5", arg="decode"),
-        solution_code=_cell(
+        solution_code=cell(
             "1.5: decode any IEEE-style pattern (normals, subnormals, +-0, +-inf, NaN)",
             "def decode(bits, exp_bits, man_bits, bias):\n"
             "    sign = -1.0 if (bits >> (exp_bits + man_bits)) & 1 else 1.0\n"
@@ -396,7 +388,7 @@ EXERCISES = {e.id: e for e in [
             "        return sign * mantissa * 2.0**(1 - bias - man_bits)\n"
             "    return sign * (1 + mantissa / 2**man_bits) * 2.0**(exponent - bias)",
             "1.5", arg="decode"),
-        check=_check_1_5, hidden=_hidden_1_5, blank=_blank_1_5,
+        check=_check_1_5, hidden=_hidden_1_5, blank=blank_function(0x3C00, 5, 10, 15),
         hints=(
             "The exponent field picks one of five cases: all ones is inf (mantissa 0) or NaN; "
             "all zeros is zero or a subnormal; anything else is a normal number. Each has its "

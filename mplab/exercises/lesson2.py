@@ -15,7 +15,17 @@ import math
 import torch
 
 from mplab import ranges
-from mplab.exercises import Exercise, Incorrect, Lesson, as_number, call, is_blank
+from mplab.exercises import (
+    Exercise,
+    Incorrect,
+    Lesson,
+    as_number,
+    blank_dict,
+    blank_function,
+    call,
+    cell,
+    need_function,
+)
 from mplab.formats import get_format, ulp
 
 FP16 = get_format("fp16")
@@ -126,11 +136,6 @@ def _check_2_3(answer) -> str | None:
             + "\n".join("- " + _why_2_3(*c) for c in wrong))
 
 
-def _blank_2_3(answer) -> bool:
-    return is_blank(answer) or (isinstance(answer, dict) and bool(answer)
-                                and all(v is ... for v in answer.values()))
-
-
 # --- 2.4 the layer that loses most ------------------------------------------------------------
 
 def _layer_stats() -> dict[str, ranges.CastStats]:
@@ -231,9 +236,7 @@ def _lost_matches(fn, cases) -> str | None:
 
 
 def _check_2_5(fn) -> str | None:
-    if not callable(fn):
-        raise Incorrect("Pass the function itself, ex.check(\"2.5\", lost_fraction), without "
-                        f"calling it; got {fn!r:.40}, which is not a function.")
+    need_function(fn, "2.5", "lost_fraction")
     return _lost_matches(fn, PUBLIC_2_5)
 
 
@@ -241,18 +244,7 @@ def _hidden_check_2_5(fn) -> str | None:
     return _lost_matches(fn, _hidden_2_5())
 
 
-def _blank_2_5(fn) -> bool:
-    if is_blank(fn) or not callable(fn):
-        return is_blank(fn)
-    t, dtype, scale = PUBLIC_2_5[0]
-    return call(fn, t.clone(), dtype, scale, what="lost_fraction(...)") is ...
-
-
 # --- the exercises ----------------------------------------------------------------------------
-
-def _cell(comment: str, body: str, id: str, arg: str = "answer") -> str:
-    return f'# {comment}\n{body}\nex.check("{id}", {arg})'
-
 
 _DICT_2_3 = "{\n" + "".join(f"    {c!r}: ...,\n" for c in CASES_2_3) + "}"
 _ANSWER_2_3 = "{\n" + "".join(f"    {c!r}: {is_swamped(*c)},\n" for c in CASES_2_3) + "}"
@@ -262,9 +254,9 @@ EXERCISES = {e.id: e for e in [
         id="2.1", title="The smallest scale that saves a gradient",
         prompt=f"A gradient of {G_2_1:g} flushes to 0 in fp16. Which is the smallest loss scale "
                "2^k that makes it a *normal* fp16 number, with all its significant bits?",
-        starter=_cell(f"2.1: the smallest 2**k that makes {G_2_1:g} * 2**k a normal fp16 number",
+        starter=cell(f"2.1: the smallest 2**k that makes {G_2_1:g} * 2**k a normal fp16 number",
                       "answer = ...  # a scale, e.g. 2**5", "2.1"),
-        solution_code=_cell(
+        solution_code=cell(
             f"2.1: the smallest 2**k that makes {G_2_1:g} * 2**k a normal fp16 number",
             "# fp16's smallest normal is 2**-14; 3e-9 is about 2**-28.3, so 15 binades are "
             "missing\n"
@@ -282,9 +274,9 @@ EXERCISES = {e.id: e for e in [
         prompt="For the captured activation gradients (`cap.activation_grads`), which is the "
                "largest power of two you can scale them by without any of them overflowing "
                "fp16?",
-        starter=_cell("2.2: the largest 2**k for which no activation gradient overflows fp16",
+        starter=cell("2.2: the largest 2**k for which no activation gradient overflows fp16",
                       "answer = ...  # a scale, e.g. 2**5", "2.2"),
-        solution_code=_cell(
+        solution_code=cell(
             "2.2: the largest 2**k for which no activation gradient overflows fp16",
             "top = cap.all(\"activation_grads\").abs().max().item()\n"
             "answer = 2.0 ** math.floor(math.log2(65504 / top))", "2.2"),
@@ -302,14 +294,14 @@ EXERCISES = {e.id: e for e in [
         prompt="For each case (weight w, update, format the weight is kept in), predict "
                "whether `w + update`, stored in that format, is just `w` again: True if the "
                "update is lost.",
-        starter=_cell("2.3: True if w + update, kept in the format, rounds back to w",
+        starter=cell("2.3: True if w + update, kept in the format, rounds back to w",
                       f"answer = {_DICT_2_3}", "2.3"),
-        solution_code=_cell(
+        solution_code=cell(
             "2.3: True if w + update, kept in the format, rounds back to w",
             "# lost when |update| <= half the spacing of the format's numbers at w\n"
             "# (exactly half: a tie, which rounds to the even neighbour, w here)\n"
             f"answer = {_ANSWER_2_3}", "2.3"),
-        check=_check_2_3, blank=_blank_2_3,
+        check=_check_2_3, blank=blank_dict,
         hints=(
             "A sum is rounded to the nearest number the format holds. Near w those numbers are "
             "one ulp apart, so an update smaller than half an ulp rounds straight back to w.",
@@ -324,9 +316,9 @@ EXERCISES = {e.id: e for e in [
         prompt="Without a loss scale, which layer's activation gradient loses the largest "
                "share of its nonzero values to fp16 underflow? Give its name as in "
                "`cap.activation_grads`.",
-        starter=_cell("2.4: the layer whose activation gradient loses the largest share of its "
+        starter=cell("2.4: the layer whose activation gradient loses the largest share of its "
                       "nonzero values in fp16", "answer = ...  # a layer name (a string)", "2.4"),
-        solution_code=_cell(
+        solution_code=cell(
             "2.4: the layer whose activation gradient loses the largest share of its "
             "nonzero values in fp16",
             "stats = cap.stats(\"fp16\", 1.0, \"activation_grads\")\n"
@@ -345,11 +337,11 @@ EXERCISES = {e.id: e for e in [
                "that become 0 when `t * scale` (computed in fp32) is cast to `dtype`. Use "
                "torch's casts; return 0.0 when t has no nonzero finite values. Public checks "
                "use fp16; grading also tries bf16, fp8 and awkward tensors.",
-        starter=_cell("2.5: the share of t's nonzero finite values that (t * scale).to(dtype) "
+        starter=cell("2.5: the share of t's nonzero finite values that (t * scale).to(dtype) "
                       "flushes to 0",
                       "def lost_fraction(t, dtype, scale):\n"
                       "    return ...  # a float from 0 to 1", "2.5", arg="lost_fraction"),
-        solution_code=_cell(
+        solution_code=cell(
             "2.5: the share of t's nonzero finite values that (t * scale).to(dtype) "
             "flushes to 0",
             "def lost_fraction(t, dtype, scale):\n"
@@ -360,7 +352,7 @@ EXERCISES = {e.id: e for e in [
             "        return 0.0\n"
             "    lost = alive & (x.to(dtype) == 0)        # ... and 0 after it\n"
             "    return int(lost.sum()) / n", "2.5", arg="lost_fraction"),
-        check=_check_2_5, hidden=_hidden_check_2_5, blank=_blank_2_5,
+        check=_check_2_5, hidden=_hidden_check_2_5, blank=blank_function(*PUBLIC_2_5[0]),
         hints=(
             "Three steps: scale in fp32, find the values that were nonzero and finite, count "
             "how many of those the cast turns into 0.",

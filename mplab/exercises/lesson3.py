@@ -16,7 +16,17 @@ import random
 
 import torch
 
-from mplab.exercises import Exercise, Incorrect, Lesson, as_number, call, is_blank
+from mplab.exercises import (
+    Exercise,
+    Incorrect,
+    Lesson,
+    as_number,
+    blank_function,
+    call,
+    cell,
+    is_blank,
+    need_function,
+)
 
 # --- 3.1 the update rule ----------------------------------------------------------------------
 
@@ -87,22 +97,12 @@ def _update_matches(fn, cases) -> str | None:
 
 
 def _check_3_1(fn) -> str | None:
-    if not callable(fn):
-        raise Incorrect("Pass the function itself, ex.check(\"3.1\", update_scale), without "
-                        f"calling it; got {fn!r:.40}, which is not a function.")
+    need_function(fn, "3.1", "update_scale")
     return _update_matches(fn, PUBLIC_3_1)
 
 
 def _hidden_check_3_1(fn) -> str | None:
     return _update_matches(fn, _hidden_3_1())
-
-
-def _blank_fn(*probe):
-    def blank(fn) -> bool:
-        if is_blank(fn) or not callable(fn):
-            return is_blank(fn)
-        return call(fn, *probe, what="your function") is ...
-    return blank
 
 
 # --- 3.2 predict the scale --------------------------------------------------------------------
@@ -213,9 +213,7 @@ def _same(a, b) -> bool:
 
 
 def _check_3_3(fn) -> str | None:
-    if not callable(fn):
-        raise Incorrect("Pass the function itself, ex.check(\"3.3\", train_step), without "
-                        f"calling it; got {fn!r:.40}, which is not a function.")
+    need_function(fn, "3.3", "train_step")
     got = call(_run, fn, what="train_step(model, optimizer, scaler, x, y)")
     if _same(got, _run(lambda *a: _reference_step(*a, order="right"))):
         return None
@@ -322,9 +320,7 @@ def _unscale_matches(fn, cases) -> str | None:
 
 
 def _check_3_5(fn) -> str | None:
-    if not callable(fn):
-        raise Incorrect("Pass the function itself, ex.check(\"3.5\", unscale_and_check), without "
-                        f"calling it; got {fn!r:.40}, which is not a function.")
+    need_function(fn, "3.5", "unscale_and_check")
     return _unscale_matches(fn, PUBLIC_3_5)
 
 
@@ -333,10 +329,6 @@ def _hidden_check_3_5(fn) -> str | None:
 
 
 # --- the exercises ----------------------------------------------------------------------------
-
-def _cell(comment: str, body: str, id: str, arg: str = "answer") -> str:
-    return f'# {comment}\n{body}\nex.check("{id}", {arg})'
-
 
 BUGGY_3_3 = f'''def train_step(model, optimizer, scaler, x, y):
     loss = torch.nn.functional.mse_loss(model(x), y)
@@ -354,11 +346,11 @@ EXERCISES = {e.id: e for e in [
                "growth_interval)` returning `(new_scale, new_tracker)` exactly as "
                "torch.amp.GradScaler.update() computes them. Grading adds factors that are not "
                "powers of two and scales near fp32's limit.",
-        starter=_cell("3.1: one update of the scale and the growth tracker, as torch does it",
+        starter=cell("3.1: one update of the scale and the growth tracker, as torch does it",
                       "def update_scale(scale, tracker, found_inf, growth_factor, "
                       "backoff_factor, growth_interval):\n"
                       "    return ...  # (new_scale, new_tracker)", "3.1", arg="update_scale"),
-        solution_code=_cell(
+        solution_code=cell(
             "3.1: one update of the scale and the growth tracker, as torch does it",
             "def fp32(x):  # torch keeps the scale in fp32: round the float64 product once\n"
             "    return torch.tensor(x, dtype=torch.float64).float().item()\n"
@@ -371,7 +363,7 @@ EXERCISES = {e.id: e for e in [
             "        grown = fp32(scale * growth_factor)\n"
             "        return (grown if math.isfinite(grown) else scale), 0\n"
             "    return scale, tracker + 1", "3.1", arg="update_scale"),
-        check=_check_3_1, hidden=_hidden_check_3_1, blank=_blank_fn(*PUBLIC_3_1[0]),
+        check=_check_3_1, hidden=_hidden_check_3_1, blank=blank_function(*PUBLIC_3_1[0]),
         hints=(
             "Two cases: an inf/NaN was found (back off, start counting again), or not (count "
             "one more clean update; on the growth_interval-th in a row, grow and restart).",
@@ -386,9 +378,9 @@ EXERCISES = {e.id: e for e in [
         prompt=f"A GradScaler with {SETTINGS_3_2} sees these iterations in order (\"inf\": a "
                f"gradient overflowed): {' '.join(EVENTS_3_2)}. What is the scale after the "
                "last update? Work it out by hand first.",
-        starter=_cell("3.2: the scale after the last update", "answer = ...  # a number",
+        starter=cell("3.2: the scale after the last update", "answer = ...  # a number",
                       "3.2"),
-        solution_code=_cell(
+        solution_code=cell(
             "3.2: the scale after the last update",
             "# 1024 -ok ok ok-> 2048 -ok-> (tracker 1) -inf-> 1024 -ok ok-> (tracker 2)\n"
             "# -inf-> 512 -inf-> 256 -ok ok ok-> 512 -ok-> (tracker 1)\n"
@@ -408,10 +400,10 @@ EXERCISES = {e.id: e for e in [
         prompt="This step clips the gradient norm, but something is wrong:\n\n```python\n"
                f"{BUGGY_3_3}\n```\n\nWrite the fixed `train_step`. It is checked by running "
                "3 steps against a correct loop, weights compared bit for bit.",
-        starter=_cell("3.3: the fixed train_step (same calls, right order)",
+        starter=cell("3.3: the fixed train_step (same calls, right order)",
                       "def train_step(model, optimizer, scaler, x, y):\n"
                       "    return ...  # fix the loop above", "3.3", arg="train_step"),
-        solution_code=_cell(
+        solution_code=cell(
             "3.3: the fixed train_step (same calls, right order)",
             "def train_step(model, optimizer, scaler, x, y):\n"
             "    loss = torch.nn.functional.mse_loss(model(x), y)\n"
@@ -433,8 +425,8 @@ EXERCISES = {e.id: e for e in [
         id="3.4", title="Why bf16 needs no scaler",
         prompt="Training with bf16 autocast needs no GradScaler. Why? " + " ".join(
             f"({k}) {v}" for k, v in CHOICES_3_4.items()),
-        starter=_cell("3.4: \"a\", \"b\", \"c\" or \"d\"", "answer = ...", "3.4"),
-        solution_code=_cell("3.4: \"a\", \"b\", \"c\" or \"d\"",
+        starter=cell("3.4: \"a\", \"b\", \"c\" or \"d\"", "answer = ...", "3.4"),
+        solution_code=cell("3.4: \"a\", \"b\", \"c\" or \"d\"",
                             "answer = \"b\"  # 8 exponent bits, like fp32: nothing to rescue",
                             "3.4"),
         check=_check_3_4,
@@ -451,10 +443,10 @@ EXERCISES = {e.id: e for e in [
                "`grads` by `inv_scale` (a 0-dim fp32 tensor) in place, and return True if any "
                "value was inf or NaN. Grading adds bf16 gradients, empty lists and huge finite "
                "values.",
-        starter=_cell("3.5: multiply each grad by inv_scale in place; True if any inf or NaN",
+        starter=cell("3.5: multiply each grad by inv_scale in place; True if any inf or NaN",
                       "def unscale_and_check(grads, inv_scale):\n"
                       "    return ...  # True or False", "3.5", arg="unscale_and_check"),
-        solution_code=_cell(
+        solution_code=cell(
             "3.5: multiply each grad by inv_scale in place; True if any inf or NaN",
             "def unscale_and_check(grads, inv_scale):\n"
             "    found = False\n"
@@ -463,7 +455,7 @@ EXERCISES = {e.id: e for e in [
             "        g.mul_(inv_scale)\n"
             "    return found", "3.5", arg="unscale_and_check"),
         check=_check_3_5, hidden=_hidden_check_3_5,
-        blank=_blank_fn([torch.ones(2)], torch.tensor(1.0)),
+        blank=blank_function([torch.ones(2)], torch.tensor(1.0)),
         hints=(
             "Two jobs per tensor: find out whether any of its values is inf or NaN, and "
             "multiply it by inv_scale without making a copy.",

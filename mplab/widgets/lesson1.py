@@ -28,6 +28,7 @@ import traitlets
 from mplab import formats as F
 from mplab import plots
 from mplab.formats import FloatFormat
+from mplab.widgets._common import guarded
 
 __all__ = ["precision_explorer", "PrecisionExplorer", "read_number", "Reading", "presets",
            "layer_weight", "exact_decimal", "cast_note", "FIELD_COLORS"]
@@ -147,17 +148,6 @@ class _SignedFloat(traitlets.CFloat):
             obj._notify_trait(self.name, old, new)
 
 
-def _guarded(callback):
-    """A learner's click or keystroke must never raise into the kernel: show it instead."""
-    @functools.wraps(callback)
-    def run(self, *args):
-        try:
-            callback(self, *args)
-        except Exception as e:  # shown in the widget, not lost in a log
-            self._say(f"Something went wrong: {type(e).__name__}: {e}", error=True)
-    return run
-
-
 class _BitRow:
     """One format's row: name, ◀, bit boxes grouped by field, ▶, stored value."""
 
@@ -273,7 +263,7 @@ class PrecisionExplorer(widgets.VBox):
         self._show(read_number(value).value if isinstance(value, str) else value)
 
     # --- callbacks: read the input, call mplab.formats, show ------------------------------
-    @_guarded
+    @guarded
     def _on_text(self, change) -> None:
         if self._syncing:
             return
@@ -285,18 +275,18 @@ class PrecisionExplorer(widgets.VBox):
         self._show(reading.value, text=change["new"])
         self._say(reading.note)
 
-    @_guarded
+    @guarded
     def _on_preset(self, change) -> None:
         if self._syncing or change["new"] is None:
             return
         self._show(read_number(change["new"]).value, text=change["new"], preset=change["new"])
 
-    @_guarded
+    @guarded
     def _flip(self, f: FloatFormat, bit: int, _button=None) -> None:
         bits = self.rows[f.name].bits ^ (1 << bit)
         self._show(F.from_bits(bits, f), pin=(f.name, bits))
 
-    @_guarded
+    @guarded
     def _step(self, f: FloatFormat, up: bool, _button=None) -> None:
         stored = F.round_to(self.value, f)
         self._show((F.next_up if up else F.next_down)(stored, f))

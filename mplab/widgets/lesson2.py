@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import html
-import io
 import math
 import operator
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from mplab import plots, ranges
 from mplab.formats import get_format
+from mplab.widgets._common import guarded, png
 
 __all__ = ["loss_scale_explorer", "LossScaleExplorer", "swamping_demo", "SwampingDemo",
            "SWAMP_FORMATS", "LOSS_SCALE_FORMATS"]
@@ -30,24 +30,6 @@ LOSS_SCALE_FORMATS = ("fp16", "bf16", "fp8_e5m2", "fp8_e4m3")
 #: Formats the swamping demo can keep its weight in (fp32 too, the master weights' format).
 SWAMP_FORMATS = ("fp16", "bf16", "fp32", "fp8_e5m2", "fp8_e4m3")
 _LOST_RED = 0.01  # a layer losing more than 1 % of its nonzero values is shown in red
-
-
-def _guarded(callback):
-    """A learner's move must never raise into the kernel: show what went wrong instead."""
-    @functools.wraps(callback)
-    def run(self, *args):
-        try:
-            callback(self, *args)
-        except Exception as e:  # shown in the widget, not lost in a log
-            self.message.value = (f'<span style="color:#b00020">Something went wrong: '
-                                  f"{html.escape(type(e).__name__)}: {html.escape(str(e))}</span>")
-    return run
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
 
 
 def _pct(x: float) -> str:
@@ -146,12 +128,12 @@ class LossScaleExplorer(widgets.VBox):
         finally:
             self._quiet = False
 
-    @_guarded
+    @guarded
     def _kind_changed(self, change=None) -> None:
         self._set_layers()
         self._render()
 
-    @_guarded
+    @guarded
     def _changed(self, change=None) -> None:
         if not self._quiet:
             self._render()
@@ -167,7 +149,7 @@ class LossScaleExplorer(widgets.VBox):
             return
         self.stats = {n: m.stats(fmt, s, rel_error=False) for n, m in mags.items()}
         what = self.layer.value or kind.replace("_", " ")
-        self.plot.value = _png(plots.exponent_histogram_plot(
+        self.plot.value = png(plots.exponent_histogram_plot(
             shown, fmt, s, pyplot=False,
             xlim=self._xlims.setdefault(kind, _xlim(self.capture, kind)),
             title=f"{what} × 2^{self.slider.value} cast to {fmt}"))
@@ -280,7 +262,7 @@ class SwampingDemo(widgets.VBox):
             control.observe(self._changed, "value")
         self._render()
 
-    @_guarded
+    @guarded
     def _changed(self, change=None) -> None:
         self._render()
 
@@ -290,7 +272,7 @@ class SwampingDemo(widgets.VBox):
         update = -self.lr.value * self.grad
         fmt = self.format.value
         self.run = ranges.swamping_run(self.w0, update, self.steps, fmt, master=self.master.value)
-        self.plot.value = _png(plots.swamping_plot(self.run, pyplot=False))
+        self.plot.value = png(plots.swamping_plot(self.run, pyplot=False))
         threshold = ranges.swamp_threshold(update, fmt)
         where = ("The update itself rounds to 0 in " + fmt if threshold == 0 else
                  f"In {fmt}, an update of {abs(update):.3g} vanishes once |w| ≥ {threshold:g}")

@@ -11,33 +11,18 @@ backward, step, update) on a small model, and the same iteration with
 
 from __future__ import annotations
 
-import functools
-import html
-import io
-
 import ipywidgets as widgets
 import torch
 
 from mplab import plots
 from mplab.scaler import GradScaler
+from mplab.widgets._common import guarded, png
 
 __all__ = ["scaler_stepper", "ScalerStepper", "GROWTH_FACTORS", "BACKOFF_FACTORS"]
 
 GROWTH_FACTORS = (2.0, 4.0, 1.5, 1.001)
 BACKOFF_FACTORS = (0.5, 0.25, 0.9)
 _ROWS = 8  # iterations the table lists (the plot shows them all)
-
-
-def _guarded(callback):
-    """A learner's click must never raise into the kernel: show what went wrong instead."""
-    @functools.wraps(callback)
-    def run(self, *args):
-        try:
-            callback(self, *args)
-        except Exception as e:  # shown in the widget, not lost in a log
-            self.message.value = (f'<span style="color:#b00020">Something went wrong: '
-                                  f"{html.escape(type(e).__name__)}: {html.escape(str(e))}</span>")
-    return run
 
 
 class _Twin:
@@ -136,14 +121,14 @@ class ScalerStepper(widgets.VBox):
                 "backoff_factor": self.backoff_factor.value,
                 "growth_interval": self.growth_interval.value}
 
-    @_guarded
+    @guarded
     def _restart(self) -> None:
         self.scaler = GradScaler("cpu", **self._settings())
         self._ours = _Twin(self.scaler)
         self._torch = _Twin(torch.amp.GradScaler("cpu", **self._settings()))
         self._render()
 
-    @_guarded
+    @guarded
     def _steps(self, injections: list[bool]) -> None:
         for inject in injections:
             self._ours.iteration(inject)
@@ -169,7 +154,7 @@ class ScalerStepper(widgets.VBox):
             f"<b>{ours['scale']:g}</b>, growth tracker <b>{ours['_growth_tracker']}</b> "
             f"of {interval} (the scale grows when {interval} clean iterations in a row "
             f"are done), {skipped} step{'s' if skipped != 1 else ''} skipped.</div>")
-        self.plot.value = _png(plots.scaler_timeline_plot(history, pyplot=False,
+        self.plot.value = png(plots.scaler_timeline_plot(history, pyplot=False,
                                                           init_scale=2.0**self.init_scale.value))
         self.table.value = _table_html(history[-_ROWS:])
 
@@ -184,12 +169,6 @@ def _log2_exact(init_scale) -> int:
     if not 0 <= exponent <= 30:
         raise ValueError(f"init_scale must be a power of two from 1 to 2**30, got {init_scale!r}")
     return exponent
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
 
 
 def _table_html(records) -> str:

@@ -1,0 +1,349 @@
+"""Lesson 4, mixed precision training in plain PyTorch: the exercises.
+
+    from mplab.exercises import lesson4 as ex
+    ex.check("4.1", order); ex.hint("4.1"); ex.solution("4.1")
+
+The references are runs: a learner's order of calls is executed with torch.amp.GradScaler (and
+its real error, if any, is quoted), a learner's training step is compared bit for bit with the
+course's loop, and the trace questions are answered by :func:`mplab.trace.trace` on the lesson
+model, the same trace the notebook shows.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from mplab.exercises import (
+    Exercise,
+    Incorrect,
+    Lesson,
+    blank_dict,
+    call,
+    cell,
+    is_blank,
+    need_function,
+)
+from mplab.trace import FP32_AUTOCAST, LOW, PROMOTE, trace
+
+# --- 4.1 order the calls ----------------------------------------------------------------------
+
+CALLS = {
+    "forward": "with torch.autocast(device, dtype=torch.float16): loss = model(x, y)",
+    "backward": "scaler.scale(loss).backward()",
+    "step": "scaler.step(optimizer)",
+    "update": "scaler.update()",
+    "zero_grad": "optimizer.zero_grad()",
+}
+SHUFFLED_4_1 = ["update", "forward", "zero_grad", "step", "backward"]
+RIGHT_4_1 = (["forward", "backward", "step", "update", "zero_grad"],
+             ["zero_grad", "forward", "backward", "step", "update"])
+
+
+def _tiny():
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        x, y = torch.randn(8, 4), torch.randn(8, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), x, y
+
+
+def run_order(order: list[str], iterations: int = 3):
+    """Run the calls in this order with a real model, optimizer and torch.amp.GradScaler on
+    the CPU; returns the weights after `iterations` iterations. torch's errors propagate."""
+    model, optimizer, x, y = _tiny()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    loss = None
+    for _ in range(iterations):
+        for name in order:
+            if name == "forward":
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = torch.nn.functional.mse_loss(model(x).float(), y)
+            elif name == "backward":
+                if loss is None:
+                    raise RuntimeError("there is no loss yet: backward() needs the forward pass "
+                                       "first.")
+                scaler.scale(loss).backward()
+            elif name == "step":
+                scaler.step(optimizer)
+            elif name == "update":
+                scaler.update()
+            else:
+                optimizer.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _check_4_1(answer) -> str | None:
+    if not isinstance(answer, list | tuple):
+        raise Incorrect(f"Give a list of the five names in order, like {SHUFFLED_4_1!r}; got "
+                        f"{type(answer).__name__}.")
+    order = [str(a).strip() for a in answer]
+    unknown = [a for a in order if a not in CALLS]
+    if unknown:
+        return (f"Not call names: {unknown!r}. Use the names {list(CALLS)!r}, each once.")
+    if sorted(order) != sorted(CALLS):
+        return f"Use each of the five names exactly once; got {order!r}."
+    try:
+        weights = run_order(order)
+    except Exception as e:  # what torch itself says about this order
+        said = f"Run in that order, torch stops with {type(e).__name__}: {str(e).splitlines()[0]}"
+        if order.index("backward") < order.index("zero_grad") < order.index("step"):
+            return (said + " The gradients are cleared between backward() and step(), so the "
+                    "optimizer has none to step with.")
+        return said + " Put each call after the one whose result it needs."
+    if _same(weights, run_order(list(RIGHT_4_1[0]))):
+        return None  # any order that trains exactly as the course's loop does
+    return ("That order runs, but the model does not train as the course's loop does: which "
+            "call needs the result of which?")
+
+
+def _blank_4_1(answer) -> bool:
+    """The untouched starter (the shuffled list) counts as not attempted."""
+    return is_blank(answer) or (isinstance(answer, list | tuple)
+                                and list(answer) == SHUFFLED_4_1)
+
+
+# --- 4.2 make a step mixed precision ----------------------------------------------------------
+
+FP32_STEP = '''def train_step(model, optimizer, scaler, x, y):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()'''
+
+
+def _course_step(model, optimizer, scaler, x, y, *, autocast=True, scaled=True):
+    with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)
+    (scaler.scale(loss) if scaled else loss).backward()
+    if scaled:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad()
+
+
+def _weights_after(step, iterations: int = 3):
+    model, optimizer, x, y = _tiny()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    for _ in range(iterations):
+        step(model, optimizer, scaler, x, y)
+    return [p.detach().clone() for p in model.parameters()], scaler
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a, b))
+
+
+def _check_4_2(fn) -> str | None:
+    need_function(fn, "4.2", "train_step")
+    got, scaler = call(_weights_after, fn, what="train_step(model, optimizer, scaler, x, y)")
+    if scaler._scale is None:  # scaler.scale() never ran (torch creates the scale lazily)
+        if _same(got, _weights_after(functools.partial(_course_step, scaled=False))[0]):
+            return ("The forward runs in fp16, but the loss is not scaled: small fp16 "
+                    "gradients underflow. Use scaler.scale(loss).backward(), "
+                    "scaler.step(optimizer) and scaler.update().")
+        return ("The scaler given to train_step is never used: scale the loss with it, and "
+                "step and update through it.")
+    if _same(got, _weights_after(_course_step)[0]):
+        return None
+    if _same(got, _weights_after(functools.partial(_course_step, autocast=False))[0]):
+        return ("The scaler is in, but the forward pass still runs in fp32: wrap the model "
+                "call and the loss in torch.autocast(\"cpu\", dtype=torch.float16).")
+    return ("After 3 steps the weights differ from the course's loop. Keep the same loss "
+            "(computed under autocast), then scale, step, update, zero_grad.")
+
+
+def _blank_4_2(fn) -> bool:
+    if is_blank(fn) or not callable(fn):
+        return is_blank(fn)
+    model, optimizer, x, y = _tiny()
+    return call(fn, model, optimizer, torch.amp.GradScaler("cpu"), x, y,
+                what="train_step(...)") is ...
+
+
+# --- 4.3 why does the loss go NaN? ------------------------------------------------------------
+
+CHOICES_4_3 = {
+    "a": "The learning rate is too high, so the weights diverge.",
+    "b": "A feed-forward activation exceeds fp16's largest value, 65504: it becomes inf, and "
+         "the LayerNorm after it turns the inf into NaN.",
+    "c": "The GradScaler's scale is too large, so the gradients overflow.",
+    "d": "The loss must be computed outside autocast.",
+}
+WHY_NOT_4_3 = {
+    "a": "The same weights give a finite loss in fp32 and in bf16 (first lines of the table): "
+         "nothing has been trained yet, so no step diverged.",
+    "c": "An overflowing *gradient* is what a GradScaler handles: it skips the step and backs "
+         "off. Here the *forward* pass (the loss itself) is NaN, before any scaling happens.",
+    "d": "Losses like cross-entropy run in fp32 under autocast anyway (it is on autocast's "
+         "fp32 list); the NaN appears several stages before the loss.",
+}
+
+
+def _choice(answer, choices) -> str:
+    if not isinstance(answer, str) or answer.strip().lower() not in choices:
+        raise Incorrect("Answer with one letter: " + ", ".join(f'"{k}"' for k in choices)
+                        + f"; got {answer!r:.40}.")
+    return answer.strip().lower()
+
+
+def _check_4_3(answer) -> str | None:
+    letter = _choice(answer, CHOICES_4_3)
+    return None if letter == "b" else WHY_NOT_4_3[letter]
+
+
+# --- 4.4 read the trace -----------------------------------------------------------------------
+
+REASONS_4_4 = {
+    "a": "layer_norm is on CPU autocast's fp32 list.",
+    "b": "Its input was already fp32: the residual add of a bf16 output and the fp32 input "
+         "promotes to fp32, and layer_norm runs in the dtype it is given.",
+    "c": "layer_norm has no bf16 kernel on the CPU.",
+}
+
+
+@functools.cache
+def lesson_trace():
+    """The lesson model's bf16 autocast trace on the CPU (4 training reviews): the one the
+    notebook shows."""
+    from mplab.data import encode, load_dataset
+    from mplab.models import lesson_model, lesson_tokenizer
+
+    reviews = load_dataset("sentiment", "train")
+    batch = encode(lesson_tokenizer(), reviews.texts[:4], reviews.labels[:4])
+    return trace(lesson_model(), batch, dtype="bf16", device="cpu")
+
+
+def _kinds_of(op: str) -> set[str]:
+    return {r.kind for r in lesson_trace().records if r.op == op}
+
+
+def _check_4_4(answer) -> str | None:
+    if not isinstance(answer, dict) or set(answer) != {"forced", "layer_norm"}:
+        raise Incorrect("Give a dict with two keys, like the starter's: {\"forced\": an op "
+                        "name, \"layer_norm\": a letter}.")
+    op = answer["forced"]
+    if not isinstance(op, str):
+        raise Incorrect(f"\"forced\" is an op name as the trace prints it, such as "
+                        f"\"aten::addmm\"; got {op!r:.40}.")
+    op = op.strip() if op.strip().startswith("aten::") else "aten::" + op.strip()
+    forced = lesson_trace().fp32_ops
+    reason = _choice(answer["layer_norm"], REASONS_4_4)
+    if op not in forced:
+        kinds = _kinds_of(op)
+        if not kinds:
+            return (f"{op} does not appear in the trace. Look at the rows whose kind is "
+                    f"\"{FP32_AUTOCAST}\".")
+        if LOW in kinds:
+            return f"{op} ran in bf16 (kind \"{LOW}\"): autocast lowered it, not raised it."
+        if PROMOTE in kinds:
+            return (f"{op} ran in fp32 because its inputs mixed bf16 and fp32 (kind "
+                    f"\"{PROMOTE}\"): type promotion, not autocast's fp32 list.")
+        return (f"{op} ran in fp32, but only because it was given fp32: autocast did nothing "
+                f"to it. Look for the kind \"{FP32_AUTOCAST}\".")
+    if reason != "b":
+        return {"a": "Look at layer_norm's row: its kind is plain \"fp32\", not \"fp32 "
+                     "(autocast)\", and no cast to fp32 comes before it. What fed it fp32?",
+                "c": "CPU layer_norm runs in bf16 when it is given bf16 (try it: "
+                     "torch.nn.functional.layer_norm on a bf16 tensor). What was it given "
+                     "here?"}[reason]
+    return None
+
+
+# --- the exercises ----------------------------------------------------------------------------
+
+EXERCISES = {e.id: e for e in [
+    Exercise(
+        id="4.1", title="Order the calls",
+        prompt="One iteration of the course's fp16 loop is five calls: "
+               + "; ".join(f"`{k}`: `{v}`" for k, v in CALLS.items())
+               + ". Put the names in the order they run.",
+        starter=cell("4.1: the five calls of one iteration, in order",
+                      f"answer = {SHUFFLED_4_1!r}  # reorder this list", "4.1"),
+        solution_code=cell(
+            "4.1: the five calls of one iteration, in order",
+            f"answer = {list(RIGHT_4_1[0])!r}  # zero_grad may also come first", "4.1"),
+        check=_check_4_1, blank=_blank_4_1,
+        hints=(
+            "Each call needs something the one before it made: a loss, then gradients, then "
+            "an inf check, then a new scale.",
+            "scaler.update() decides the next scale from what scaler.step() found, so it comes "
+            "after step; zero_grad clears the gradients, so it must not sit between backward "
+            "and step.",
+            "forward, backward, step, update, and zero_grad at the very end (or the very "
+            "start).",
+        )),
+    Exercise(
+        id="4.2", title="Make a loop mixed precision",
+        prompt="Turn this fp32 step into the course's fp16 step, using the `scaler` it is "
+               f"given:\n\n```python\n{FP32_STEP}\n```",
+        starter=cell("4.2: the fp16 version of train_step (autocast + the given scaler)",
+                      "def train_step(model, optimizer, scaler, x, y):\n"
+                      "    return ...  # the fp16 version", "4.2", arg="train_step"),
+        solution_code=cell(
+            "4.2: the fp16 version of train_step (autocast + the given scaler)",
+            "def train_step(model, optimizer, scaler, x, y):\n"
+            "    with torch.autocast(\"cpu\", dtype=torch.float16):\n"
+            "        loss = torch.nn.functional.mse_loss(model(x).float(), y)\n"
+            "    scaler.scale(loss).backward()\n"
+            "    scaler.step(optimizer)\n"
+            "    scaler.update()\n"
+            "    optimizer.zero_grad()", "4.2", arg="train_step"),
+        check=_check_4_2, blank=_blank_4_2,
+        hints=(
+            "Two changes: the forward pass (model and loss) runs under autocast, and the "
+            "backward/step go through the scaler.",
+            "with torch.autocast(\"cpu\", dtype=torch.float16): around the forward; "
+            "model(x).float() gives mse_loss an fp32 input; scaler.scale(loss).backward(), "
+            "scaler.step(optimizer), scaler.update().",
+            "Forward under autocast; then scale(loss).backward(), step(optimizer), update(), "
+            "zero_grad() outside it.",
+        )),
+    Exercise(
+        id="4.3", title="Why does the loss go NaN?",
+        prompt="A model trained in bf16 gives a NaN loss from its very first forward pass in "
+               "fp16 (the table above). Why? " + " ".join(
+                   f"({k}) {v}" for k, v in CHOICES_4_3.items()),
+        starter=cell("4.3: \"a\", \"b\", \"c\" or \"d\"", "answer = ...", "4.3"),
+        solution_code=cell("4.3: \"a\", \"b\", \"c\" or \"d\"",
+                            "answer = \"b\"  # 66,246 > 65,504: inf, then NaN in LayerNorm",
+                            "4.3"),
+        check=_check_4_3,
+        hints=(
+            "Follow the table stage by stage: where does the first inf appear, and where the "
+            "first NaN?",
+            "A GradScaler acts on gradients, in the backward pass; this NaN is in the forward "
+            "pass. fp16's largest value is 65,504.",
+            "The feed-forward output stage overflows; LayerNorm computes inf − inf.",
+        )),
+    Exercise(
+        id="4.4", title="Read the trace",
+        prompt="In the lesson model's bf16 trace: name one op that autocast **forced** to fp32, "
+               "and say why `native_layer_norm` ran in fp32 too: " + " ".join(
+                   f"({k}) {v}" for k, v in REASONS_4_4.items()),
+        starter=cell("4.4: an op autocast forced to fp32, and why layer_norm ran in fp32",
+                      "answer = {\"forced\": ..., \"layer_norm\": ...}", "4.4"),
+        solution_code=cell(
+            "4.4: an op autocast forced to fp32, and why layer_norm ran in fp32",
+            "answer = {\"forced\": \"aten::_log_softmax\",  # cross-entropy: fp32 list\n"
+            "          \"layer_norm\": \"b\"}  # its input came from a promoting add", "4.4"),
+        check=_check_4_4, blank=blank_dict,
+        hints=(
+            "The trace's summary has a `kind` column: \"fp32 (autocast)\" marks ops autocast "
+            "upcast; plain \"fp32\" ones just got fp32 inputs.",
+            "t.fp32_ops lists the forced ones. For layer_norm, look at the op right before it "
+            "in t.table(phase=\"forward\"): what are its input dtypes and its kind?",
+            "The loss (cross-entropy) is forced to fp32; layer_norm follows a residual add of "
+            "a bf16 and an fp32 tensor.",
+        )),
+]}
+
+LESSON = Lesson(4, list(EXERCISES.values()))
+check = LESSON.check
+hint = LESSON.hint
+solution = LESSON.solution
+exercise_cells = LESSON.exercise_cells
+cells = LESSON.cells

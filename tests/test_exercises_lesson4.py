@@ -1,0 +1,99 @@
+"""Lesson 4's exercises: learners' orders and steps run with torch, trace answers against
+mplab.trace's classification, and the feedback their likely mistakes get."""
+
+import itertools
+
+import pytest
+import torch
+from conftest import failed_saying, run_cell
+
+from mplab.exercises import lesson4 as ex
+from mplab.trace import FP32_AUTOCAST
+
+IDS = list(ex.EXERCISES)
+
+
+@pytest.mark.parametrize("xid", IDS)
+def test_starters_are_not_attempted_and_solutions_pass(xid, monkeypatch):
+    assert run_cell(ex.EXERCISES[xid].starter, ex=ex)[0].status == "not attempted"
+    monkeypatch.setenv("MPLAB_GRADING", "1")
+    result, _ = run_cell(ex.EXERCISES[xid].solution_code, ex=ex)
+    assert result.status == "passed" and result.points == ex.EXERCISES[xid].points, result
+
+
+def test_4_1_every_order_passes_exactly_when_it_trains_like_the_course_loop():
+    reference = ex.run_order(list(ex.RIGHT_4_1[0]))
+    for order in itertools.permutations(ex.CALLS):
+        if list(order) == ex.SHUFFLED_4_1:
+            continue  # the starter: not attempted
+        result = ex.check("4.1", list(order))
+        try:
+            same = all(torch.equal(a, b) for a, b in zip(ex.run_order(list(order)), reference))
+        except Exception as e:
+            same = False
+            assert type(e).__name__ in result.message, (order, result.message)
+        assert result.passed == same, (order, result.message)
+    assert ex.check("4.1", ex.SHUFFLED_4_1).status == "not attempted"
+    failed_saying(ex.check("4.1", ["forward", "backward", "zero_grad", "step", "update"]),
+                  "cleared between backward() and step()")
+    failed_saying(ex.check("4.1", ["forward", "backward", "step"]), "exactly once")
+    failed_saying(ex.check("4.1", ["fwd", "backward", "step", "update", "zero_grad"]),
+                  "not call names")
+    assert ex.check("4.1", "forward backward").status == "failed"
+
+
+def test_4_2_feedback_names_what_is_missing():
+    _, ns = run_cell(f"{ex.FP32_STEP}\n0", ex=ex)
+    failed_saying(ex.check("4.2", ns["train_step"]), "never used")
+
+    def no_scaler(model, optimizer, scaler, x, y):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    failed_saying(ex.check("4.2", no_scaler), "not scaled")
+
+    def no_autocast(model, optimizer, scaler, x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+
+    failed_saying(ex.check("4.2", no_autocast), "still runs in fp32")
+    assert ex.check("4.2", lambda *a: 1 / 0).status == "error"
+
+
+def test_4_2_the_reference_step_really_runs_the_linear_in_fp16():
+    model, optimizer, x, y = ex._tiny()
+    seen = []
+    model.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    ex._course_step(model, optimizer, torch.amp.GradScaler("cpu"), x, y)
+    assert seen == [torch.float16]
+
+
+def test_4_3_wrong_choices_explain_themselves():
+    assert ex.check("4.3", "B").passed
+    for letter in "acd":
+        assert ex.check("4.3", letter).status == "failed"
+    assert "one letter" in ex.check("4.3", "z").message
+
+
+def test_4_4_answers_follow_the_trace():
+    t = ex.lesson_trace()
+    forced = {r.op for r in t.records if r.kind == FP32_AUTOCAST}
+    assert forced == t.fp32_ops and forced  # the loss's ops, on this torch
+    for op in forced:
+        assert ex.check("4.4", {"forced": op, "layer_norm": "b"}).passed
+        assert ex.check("4.4", {"forced": op.removeprefix("aten::"), "layer_norm": "b"}).passed
+    norm = [r for r in t.select("forward") if r.op == "aten::native_layer_norm"]
+    assert norm and all(r.inputs[0] == torch.float32 and r.kind != FP32_AUTOCAST for r in norm)
+    failed_saying(ex.check("4.4", {"forced": "aten::addmm", "layer_norm": "b"}), "ran in bf16")
+    failed_saying(ex.check("4.4", {"forced": "aten::add", "layer_norm": "b"}), "promotion")
+    failed_saying(ex.check("4.4", {"forced": next(iter(forced)), "layer_norm": "a"}),
+                  "what fed it fp32")
+    failed_saying(ex.check("4.4", {"forced": "aten::nope", "layer_norm": "b"}),
+                  "does not appear")
+    assert ex.check("4.4", {"forced": 3, "layer_norm": "b"}).status == "failed"
