@@ -20,7 +20,7 @@ from mplab.formats import FORMATS, FloatFormat, get_format, ulp
 
 __all__ = ["FORMAT_COLORS", "ulp_steps", "ulp_plot", "mark_ulp", "closeup_range", "MarkerPng",
            "BAND_COLORS", "exponent_histogram_plot", "scale_sweep_plot", "swamping_plot",
-           "scaler_timeline_plot"]
+           "scaler_timeline_plot", "loss_curves_plot"]
 
 #: One colour per format, shared by every plot and widget that names a format.
 FORMAT_COLORS = {
@@ -471,4 +471,42 @@ def scaler_timeline_plot(history, ax=None, *, init_scale=None, pyplot: bool = Tr
     handles, labels = ax.get_legend_handles_labels()
     h2, l2 = bars.get_legend_handles_labels()
     ax.legend(handles + h2, labels + l2, fontsize=7, loc="best")
+    return ax.figure
+
+
+def loss_curves_plot(results, ax=None, *, smooth: int = 10, pyplot: bool = True) -> Figure:
+    """Training losses of several runs side by side (a list or dict of
+    ``mplab.train.TrainResult``): each run's per-step loss faint, its running mean over `smooth`
+    steps bold, skipped fp16 steps as crosses. Returns the figure."""
+    runs = dict(results) if isinstance(results, Mapping) else {
+        f"{r.precision} on {r.device}": r for r in results}
+    if not runs or not all(hasattr(r, "losses") for r in runs.values()):
+        raise TypeError("loss_curves_plot takes TrainResults (what mplab.train.train returns), "
+                        "as a list or a dict of label -> result")
+    if ax is None:
+        fig = _new_figure((6.5, 3.2), pyplot)
+        ax = fig.subplots()
+        fig.subplots_adjust(left=0.11, right=0.97, bottom=0.16, top=0.88)
+    colors = {"fp32": FORMAT_COLORS["fp32"], "fp16": FORMAT_COLORS["fp16"],
+              "bf16": FORMAT_COLORS["bf16"]}
+    for i, (label, r) in enumerate(runs.items()):
+        losses = np.asarray(r.losses, dtype=float)
+        color = colors.get(getattr(r, "precision", ""), f"C{i}")
+        if losses.size == 0:
+            continue
+        steps = np.arange(1, losses.size + 1)
+        ax.plot(steps, losses, color=color, alpha=0.25, lw=0.8)
+        k = max(1, min(smooth, losses.size))
+        mean = np.convolve(losses, np.ones(k) / k, mode="valid")
+        ax.plot(steps[k - 1:], mean, color=color, lw=2, label=label)
+        skipped = [s for s in getattr(r, "skipped_steps", []) if 1 <= s <= losses.size]
+        if skipped:
+            ax.plot(skipped, losses[np.asarray(skipped) - 1], "x", color="#b00020", ms=6)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    ax.set_title("Training loss" + (f" (bold: mean of {smooth} steps)" if smooth > 1 else ""),
+                 fontsize=10)
+    ax.grid(True, alpha=0.25)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     return ax.figure

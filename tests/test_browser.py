@@ -36,6 +36,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-sync"]
 WAIT_S = 90  # the longest any single wait may take
 FLIP = ("fp16", 14)  # the bit the tests click: fp16's top exponent bit
+LAB_ROOTS: dict[str, Path] = {}  # a running JupyterLab's base url -> the folder it serves
 
 if not Path(CHROMIUM).exists():
     pytest.skip(f"browser tests need Debian's Chromium at {CHROMIUM}", allow_module_level=True)
@@ -177,6 +178,7 @@ def lab(tmp_path):
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
            f"--port={port}", f"--IdentityProvider.token={token}", "--allow-root",
            f"--ServerApp.root_dir={root}"]
+    LAB_ROOTS[base] = root
     with running(cmd, env=env, cwd=root, log=tmp_path / "lab.log", port=port,
                  ready_url=f"{base}/api/status?token={token}"):
         yield base, token, Path(env["JUPYTER_RUNTIME_DIR"])
@@ -219,16 +221,29 @@ def kernel_value(client, expression: str) -> str:
     return "".join(out).strip()
 
 
+def open_and_run(page, lab, notebook: str, source: str | None = None) -> None:
+    """Open a notebook in JupyterLab (first writing one cell of `source` to it, if given) and
+    run all its cells."""
+    import nbformat
+
+    base, token, _ = lab
+    if source is not None:
+        nbformat.write(nbformat.v4.new_notebook(
+            cells=[nbformat.v4.new_code_cell(source)],
+            metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                     "language": "python"}}), LAB_ROOTS[base] / notebook)
+    page.goto(f"{base}/lab/tree/{notebook}?token={token}")
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+    wait_until(lambda: kernel_of(base, token, notebook), "the notebook's kernel")
+    page.locator(".lm-MenuBar-itemLabel").filter(has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel").filter(has_text=re.compile(r"^Run All Cells$")).click()
+
+
 def test_clicking_a_bit_in_jupyterlab_changes_the_kernels_value(lab, page, tmp_path):
     base, token, runtime_dir = lab
     notebook = "01_float_formats.ipynb"
     with screenshot_on_failure(page, tmp_path / "failure.png"):
-        page.goto(f"{base}/lab/tree/{notebook}?token={token}")
-        page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-        wait_until(lambda: kernel_of(base, token, notebook), "the notebook's kernel")
-        page.locator(".lm-MenuBar-itemLabel").filter(has_text=re.compile(r"^Run$")).click()
-        page.locator(".lm-Menu-itemLabel").filter(
-            has_text=re.compile(r"^Run All Cells$")).click()
+        open_and_run(page, lab, notebook)
         button = bit_button(page)
         button.wait_for(state="visible")
         with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
@@ -279,12 +294,7 @@ def test_moving_the_loss_scale_slider_in_jupyterlab_redraws_the_table(lab, page,
     base, token, runtime_dir = lab
     notebook = "02_underflow_overflow.ipynb"
     with screenshot_on_failure(page, tmp_path / "failure.png"):
-        page.goto(f"{base}/lab/tree/{notebook}?token={token}")
-        page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-        wait_until(lambda: kernel_of(base, token, notebook), "the notebook's kernel")
-        page.locator(".lm-MenuBar-itemLabel").filter(has_text=re.compile(r"^Run$")).click()
-        page.locator(".lm-Menu-itemLabel").filter(
-            has_text=re.compile(r"^Run All Cells$")).click()
+        open_and_run(page, lab, notebook)
         explorer = page.locator(".mplab-loss-scale")
         summary = explorer.locator(".mplab-scale-summary")
         # the lesson trains its model for a few seconds first: wait for it longer
@@ -311,23 +321,11 @@ def test_moving_the_loss_scale_slider_in_jupyterlab_redraws_the_table(lab, page,
 def test_stepping_the_gradscaler_in_jupyterlab(lab, page, tmp_path):
     """Lesson 3's stepper in a notebook of its own (the lesson's fp16 run would only add
     minutes): click "next step" and "inject inf", and read the scaler in the kernel."""
-    import nbformat
-
     base, token, runtime_dir = lab
     notebook = "stepper.ipynb"
-    root = Path(next(p for p in tmp_path.iterdir() if p.name == "root"))
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "from mplab.widgets.lesson3 import scaler_stepper\n"
-        "stepper = scaler_stepper(growth_interval=2)\nstepper")], metadata={"kernelspec": {
-            "name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}}),
-        root / notebook)
     with screenshot_on_failure(page, tmp_path / "failure.png"):
-        page.goto(f"{base}/lab/tree/{notebook}?token={token}")
-        page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-        wait_until(lambda: kernel_of(base, token, notebook), "the notebook's kernel")
-        page.locator(".lm-MenuBar-itemLabel").filter(has_text=re.compile(r"^Run$")).click()
-        page.locator(".lm-Menu-itemLabel").filter(
-            has_text=re.compile(r"^Run All Cells$")).click()
+        open_and_run(page, lab, notebook, "from mplab.widgets.lesson3 import scaler_stepper\n"
+                                          "stepper = scaler_stepper(growth_interval=2)\nstepper")
         stepper = page.locator(".mplab-scaler-stepper")
         status = stepper.locator(".mplab-scaler-status")
         status.filter(has_text="After 0 iterations").wait_for()
@@ -344,3 +342,28 @@ def test_stepping_the_gradscaler_in_jupyterlab(lab, page, tmp_path):
                 "[False, False, True]"
             assert kernel_value(client, "stepper.scaler.get_scale()") == "65536.0"
         stepper.screenshot(path=str(tmp_path / "stepper-lab.png"))
+
+
+def test_training_from_the_panel_in_jupyterlab(lab, page, tmp_path):
+    """Lesson 4's panel: press "train" for a short fp32 run, see its row, and find the same
+    run in the kernel."""
+    base, token, runtime_dir = lab
+    notebook = "panel.ipynb"
+    with screenshot_on_failure(page, tmp_path / "failure.png"):
+        open_and_run(page, lab, notebook,
+                     "from mplab.widgets.lesson4 import training_panel\n"
+                     "panel = training_panel(steps=4, precision='fp32', device='cpu', "
+                     "batch_size=8, eval_samples=16)\npanel")
+        panel = page.locator(".mplab-training-panel")
+        table = panel.locator(".mplab-train-table")
+        table.filter(has_text="No runs yet").wait_for()
+        panel.locator(".mplab-train-button").click()
+        row = table.locator("tr").nth(1)
+        row.wait_for()
+        cells = row.locator("td").all_inner_texts()
+        assert cells[:5] == ["1", "fp32", cells[2], "float32", "4"]
+        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
+            assert kernel_value(client, "len(panel.results[0].losses)") == "4"
+            final = float(kernel_value(client, "panel.results[0].final_loss"))
+        assert cells[5] == f"{final:.4f}"
+        panel.screenshot(path=str(tmp_path / "panel-lab.png"))

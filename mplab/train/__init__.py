@@ -1,0 +1,58 @@
+"""Training the lesson model (or any sequence classifier) in fp32, fp16 or bf16.
+
+    from mplab.train import train
+    result = train(precision="bf16", steps=600)        # the plain PyTorch path, device "auto"
+    result.losses, result.compute_dtype, result.eval_accuracy, result.samples_per_s
+    result.summary()                                    # the key figures as a table
+
+    python -m mplab.train --precision fp16 --steps 100 --json run.json
+    torchrun --nproc_per_node 2 -m mplab.train --precision fp32 --batch-size 16
+
+Every path returns the same `TrainResult`; `path="torch"` (autocast + GradScaler by hand) is
+the one so far. Settings are `TrainConfig`'s fields, by the same names everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from .common import NonFiniteLossError, TrainWarning
+from .config import PATHS, PRECISIONS, TrainConfig
+from .result import TrainResult
+
+__all__ = ["train", "TrainConfig", "TrainResult", "NonFiniteLossError", "TrainWarning",
+           "PATHS", "PRECISIONS"]
+
+
+def train(config: TrainConfig | None = None, *, model=None, tokenizer=None, on_step=None,
+          **settings) -> TrainResult:
+    """Train and return the run's `TrainResult`.
+
+    Give a `TrainConfig`, or its fields as keywords (`precision="fp16", steps=100, ...`).
+    `model`: "lesson" (default), a hub name or saved folder (through
+    `mplab.models.load_pretrained`), or a `torch.nn.Module` to train in place (with its
+    `tokenizer`; the lesson tokenizer if none). `on_step(step, result)` is called after every
+    optimizer step, e.g. to plot the loss live; raising in it stops the run.
+
+    Under `torchrun` every process calls this; they split each global batch between them.
+    Raises `NonFiniteLossError` (with `.result`) when the loss becomes inf/NaN, and
+    ValueError for settings it cannot run.
+    """
+    if isinstance(model, str):
+        settings["model"] = model
+        model = None
+    if config is None:
+        names = {f.name for f in fields(TrainConfig)}
+        unknown = sorted(set(settings) - names)
+        if unknown:
+            raise ValueError(f"unknown setting(s) {', '.join(map(repr, unknown))}; accepted: "
+                             f"{', '.join(sorted(names))}")
+        config = TrainConfig(**settings)
+    elif settings:
+        raise ValueError(f"give a TrainConfig or settings as keywords, not both (got config "
+                         f"and {sorted(settings)})")
+    if not isinstance(config, TrainConfig):
+        raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
+    from .torch_path import train_torch  # the only path so far (TrainConfig checks `path`)
+
+    return train_torch(config, model=model, tokenizer=tokenizer, on_step=on_step)

@@ -1,0 +1,139 @@
+"""The record every training run returns, whichever path trained it."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+
+from mplab._display import Table
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class TrainResult:
+    """What a run did and measured. `as_dict()` is plain JSON; `summary()` the key figures.
+
+    - `compute_dtype`: the dtype the model's first matmul layer was *observed* to produce on
+      the first step (a forward hook), which is what the matmuls ran in; not the one asked for.
+    - `losses`: per optimizer step, the mean over its micro-batches (and processes).
+    - `scales`: the GradScaler's scale after each step's `update()` (fp16 only, else empty);
+      `skipped_steps`: steps whose gradients held an inf/NaN, so the optimizer did not step.
+    - `grad_norms`: per step, the gradient norm after unscaling and before clipping (only
+      with `max_grad_norm`); inf on a skipped step.
+    - `samples_per_s`, `tokens_per_s`: over the training steps alone (no evaluation, no
+      checkpointing), all processes together; tokens count padding, which is computed on too.
+    - `peak_memory_bytes`: on a GPU, `torch.cuda.max_memory_allocated` since the run began; on
+      a CPU, the process's peak resident set size (`ru_maxrss`), which includes everything the
+      process held before the run. `peak_memory_kind` says which.
+    - `stopped`: None for a run that finished, else why it stopped early.
+    """
+
+    path: str
+    precision: str
+    device: str
+    model: str
+    steps: int = 0
+    compute_dtype: torch.dtype | None = None
+    losses: list[float] = field(default_factory=list)
+    scales: list[float] = field(default_factory=list)
+    skipped_steps: list[int] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    eval_accuracy: float | None = None
+    eval_history: list[tuple[int, float]] = field(default_factory=list)
+    samples_per_s: float = 0.0
+    tokens_per_s: float = 0.0
+    seconds: float = 0.0
+    train_seconds: float = 0.0
+    peak_memory_bytes: int = 0
+    peak_memory_kind: str = ""
+    parameters: int = 0
+    world_size: int = 1
+    global_batch_size: int = 0
+    resumed_from: int | None = None
+    stopped: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    device_name: str = ""
+    torch_version: str = torch.__version__
+    config: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        """Plain types only: the dtype as its name ("bfloat16"), non-finite floats as strings."""
+        out = asdict(self)
+        out["compute_dtype"] = _dtype_name(self.compute_dtype)
+        out["eval_history"] = [list(pair) for pair in self.eval_history]
+        return _json_safe(out)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainResult:
+        """The record back from `as_dict()` (or a `--json` file)."""
+        known = {f.name for f in fields(cls)}
+        data = _from_json_safe({k: v for k, v in data.items() if k in known})
+        data["compute_dtype"] = _DTYPES.get(data.get("compute_dtype"))
+        data["eval_history"] = [tuple(pair) for pair in data.get("eval_history", [])]
+        return cls(**data)
+
+    def write_json(self, file: str | Path) -> None:
+        Path(file).write_text(json.dumps(self.as_dict(), indent=1, allow_nan=False) + "\n")
+
+    @property
+    def final_loss(self) -> float | None:
+        return self.losses[-1] if self.losses else None
+
+    def summary(self) -> Table:
+        """The key figures as a two-column table (what the CLI prints)."""
+        mem = f"{self.peak_memory_bytes / 2**20:.1f} MiB ({self.peak_memory_kind})"
+        first = f"{self.losses[0]:.4f}" if self.losses else "-"
+        last = f"{self.final_loss:.4f}" if self.losses else "-"
+        rows = [
+            ("path / precision", f"{self.path} / {self.precision}"),
+            ("device", f"{self.device} ({self.device_name})" if self.device_name else self.device),
+            ("matmuls ran in", _dtype_name(self.compute_dtype) or "-"),
+            ("model", f"{self.model} ({self.parameters:,} parameters)"),
+            ("steps", f"{len(self.losses)} of {self.steps}"
+                      + (f" (resumed at {self.resumed_from})" if self.resumed_from else "")),
+            ("global batch", f"{self.global_batch_size} ({self.world_size} process"
+                             f"{'es' if self.world_size > 1 else ''})"),
+            ("loss first -> last", f"{first} -> {last}"),
+            ("eval accuracy", "-" if self.eval_accuracy is None else f"{self.eval_accuracy:.3f}"),
+            ("samples/s", f"{self.samples_per_s:.1f}"),
+            ("tokens/s", f"{self.tokens_per_s:.0f}"),
+            ("seconds (training)", f"{self.seconds:.1f} ({self.train_seconds:.1f})"),
+            ("peak memory", mem),
+        ]
+        if self.precision == "fp16":
+            scale = f"{self.scales[-1]:g}" if self.scales else "-"
+            rows.append(("skipped steps / last scale", f"{len(self.skipped_steps)} / {scale}"))
+        if self.stopped:
+            rows.append(("STOPPED", self.stopped.splitlines()[0]))
+        return Table([{"figure": k, "value": v} for k, v in rows],
+                     title=f"mplab.train: {self.precision} on {self.device}")
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _json_safe(value):
+    """JSON has no inf/NaN: write them as the strings "inf", "-inf", "nan"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _from_json_safe(value):
+    if value in ("inf", "-inf", "nan"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _from_json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json_safe(v) for v in value]
+    return value

@@ -1,0 +1,172 @@
+"""Lesson 4 widget: train the lesson model in fp32, fp16 or bf16 and compare the runs.
+
+    from mplab.widgets.lesson4 import training_panel
+    panel = training_panel(steps=60)
+    panel          # pick a precision and a device, press "train"; panel.results holds the runs
+
+Each press runs :func:`mplab.train.train` (the plain PyTorch path), plots the loss as it goes
+and adds the run's figures to a table, so runs in different precisions sit side by side.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import warnings
+
+import ipywidgets as widgets
+import torch
+
+from mplab import plots
+from mplab.train import (
+    PRECISIONS,
+    NonFiniteLossError,
+    TrainConfig,
+    TrainResult,
+    TrainWarning,
+    train,
+)
+from mplab.widgets._common import guarded, png
+
+__all__ = ["training_panel", "TrainingPanel"]
+
+_REDRAWS = 12  # live plot updates per run: a redraw costs ~0.1 s, a lesson step ~0.03 s
+
+
+def _devices() -> list[tuple[str, str]]:
+    options = [("auto", "auto"), ("cpu", "cpu")]
+    if torch.cuda.is_available():
+        options.append(("cuda", "cuda"))
+    return options
+
+
+class TrainingPanel(widgets.VBox):
+    """Precision and device selectors, a step count and a "train" button. Build it with
+    :func:`training_panel`.
+
+    Outputs: `plot` (the loss of every run so far, live during a run), `table` (one row per
+    run: speed, memory, final loss, accuracy, the dtype the matmuls ran in), `message`
+    (warnings and errors), `progress`. `results` is the list of TrainResults.
+    """
+
+    def __init__(self, steps: int = 60, precision: str = "bf16", device: str = "auto",
+                 **settings):
+        super().__init__()
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; accepted: "
+                             + ", ".join(map(repr, PRECISIONS)))
+        devices = [value for _, value in _devices()]
+        if device not in devices:
+            raise ValueError(f"device {device!r} is not available here; accepted: "
+                             + ", ".join(map(repr, devices)))
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 5000:
+            raise ValueError(f"steps must be a whole number from 1 to 5000, got {steps!r}")
+        fixed = {"precision", "device", "steps", "on_step"} & set(settings)
+        if fixed:
+            raise ValueError(f"{sorted(fixed)} are the panel's own controls, not settings")
+        TrainConfig(**settings)  # a bad setting fails here, not at the first press
+        self.settings = {"progress": False, **settings}
+        self.results: list[TrainResult] = []
+        self.precision = widgets.ToggleButtons(options=PRECISIONS, value=precision,
+                                               description="precision")
+        self.precision.add_class("mplab-train-precision")
+        self.device = widgets.Dropdown(options=_devices(), value=device, description="device",
+                                       layout=widgets.Layout(width="180px"))
+        self.device.add_class("mplab-train-device")
+        self.steps = widgets.IntSlider(steps, min=1, max=5000, description="steps",
+                                       continuous_update=False)
+        self.button = widgets.Button(description="train", icon="play", button_style="primary")
+        self.button.add_class("mplab-train-button")
+        self.clear = widgets.Button(description="clear runs", icon="trash")
+        self.progress = widgets.IntProgress(value=0, min=0, max=steps, description="step")
+        self.message = widgets.HTML()
+        self.message.add_class("mplab-train-message")
+        self.plot = widgets.Image(format="png", layout=widgets.Layout(max_width="100%",
+                                                                      height="auto"))
+        self.table = widgets.HTML()
+        self.table.add_class("mplab-train-table")
+        self.children = [
+            widgets.HTML("<b>Train the lesson model</b>: the plain PyTorch loop (autocast, and "
+                         "a GradScaler in fp16), with the figures of every run kept below."),
+            self.precision, widgets.HBox([self.device, self.steps]),
+            widgets.HBox([self.button, self.clear, self.progress]),
+            self.message, self.plot, self.table]
+        self.add_class("mplab-training-panel")
+        self.button.on_click(lambda _: self.run())
+        self.clear.on_click(lambda _: self._clear())
+        self._render()
+
+    @guarded
+    def run(self) -> None:
+        """Train once with the chosen settings (what the "train" button does)."""
+        self.message.value = ""
+        steps = self.steps.value
+        self.progress.max, self.progress.value = steps, 0
+        self.button.disabled = True
+        every = max(1, math.ceil(steps / _REDRAWS))
+
+        def on_step(step, result):
+            self.progress.value = step
+            if step % every == 0 and step < steps:
+                self.plot.value = png(plots.loss_curves_plot(self._runs(result), pyplot=False))
+
+        try:
+            with warnings.catch_warnings():  # the panel shows them in its message instead
+                warnings.simplefilter("ignore", TrainWarning)
+                result = train(precision=self.precision.value, device=self.device.value,
+                               steps=steps, on_step=on_step, **self.settings)
+        except NonFiniteLossError as e:  # a result, and a lesson: show both
+            result = e.result
+        finally:
+            self.button.disabled = False
+        self.results.append(result)
+        notes = result.warnings + ([result.stopped] if result.stopped else [])
+        self.message.value = "<br>".join(
+            f'<span style="color:#b00020">{html.escape(n)}</span>' for n in notes)
+        self._render()
+
+    def _runs(self, current: TrainResult | None = None) -> dict[str, TrainResult]:
+        runs = self.results + ([current] if current is not None else [])
+        return {f"{i + 1}: {r.precision} on {r.device}": r for i, r in enumerate(runs)}
+
+    @guarded
+    def _clear(self) -> None:
+        self.results = []
+        self._render()
+
+    def _render(self) -> None:
+        self.plot.value = png(plots.loss_curves_plot(self._runs(), pyplot=False)) if (
+            self.results) else b""
+        self.table.value = _table_html(self.results)
+
+
+def _table_html(results: list[TrainResult]) -> str:
+    if not results:
+        return '<span style="color:#666">No runs yet: press "train".</span>'
+    fp32 = next((r for r in results if r.precision == "fp32" and r.samples_per_s), None)
+    head = ["run", "precision", "device", "matmuls ran in", "steps", "final loss",
+            "accuracy", "samples/s", "vs fp32", "peak memory", "skipped (fp16)"]
+    th = "".join(f'<th style="padding:1px 8px;text-align:left">{h}</th>' for h in head)
+    rows = []
+    for i, r in enumerate(results):
+        speed = f"{r.samples_per_s / fp32.samples_per_s:.2f}×" if fp32 and r.samples_per_s else "–"
+        cells = [i + 1, r.precision, html.escape(r.device_name or r.device),
+                 str(r.compute_dtype).removeprefix("torch.") if r.compute_dtype else "–",
+                 len(r.losses), f"{r.final_loss:.4f}" if r.losses else "–",
+                 "–" if r.eval_accuracy is None else f"{r.eval_accuracy:.3f}",
+                 f"{r.samples_per_s:.1f}", speed,
+                 f"{r.peak_memory_bytes / 2**20:.0f} MiB ({html.escape(r.peak_memory_kind)})",
+                 len(r.skipped_steps) if r.precision == "fp16" else "–"]
+        rows.append("<tr>" + "".join(f'<td style="padding:1px 8px">{c}</td>' for c in cells)
+                    + "</tr>")
+    return ('<table style="border-collapse:collapse;font-size:12px">'
+            f'<thead><tr style="border-bottom:1px solid #999">{th}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+def training_panel(steps: int = 60, precision: str = "bf16", device: str = "auto",
+                   **settings) -> TrainingPanel:
+    """Train the lesson model from a panel: precision, device and steps, a "train" button, a
+    live loss plot and a table comparing every run. `settings` go to mplab.train.train
+    (e.g. batch_size=16, eval_samples=200)."""
+    return TrainingPanel(steps, precision, device, **settings)

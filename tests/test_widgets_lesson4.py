@@ -1,0 +1,85 @@
+"""Lesson 4's training panel, driven from Python as a learner drives it in the browser.
+
+The reference is mplab.train.train called directly with the same settings."""
+
+import re
+
+import pytest
+import torch
+
+from mplab.train import NonFiniteLossError, TrainResult, train
+from mplab.widgets import lesson4
+from mplab.widgets.lesson4 import training_panel
+
+TINY = {"batch_size": 8, "eval_samples": 16, "warmup_steps": 0}
+
+
+def rows(panel) -> list[list[str]]:
+    found = re.findall(r"<tr>(.*?)</tr>", panel.table.value)
+    return [[re.sub(r"<.*?>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r)]
+            for r in found]
+
+
+def test_pressing_train_runs_mplab_train_and_adds_a_row():
+    panel = training_panel(steps=3, precision="fp32", device="cpu", **TINY)
+    assert "No runs yet" in panel.table.value
+    panel.button.click()
+    assert panel.message.value == "" and not panel.button.disabled
+    assert panel.progress.value == 3
+    (result,) = panel.results
+    direct = train(precision="fp32", device="cpu", steps=3, progress=False, **TINY)
+    assert result.losses == direct.losses  # the same seeded run, bit for bit
+    assert result.compute_dtype == torch.float32
+    (row,) = rows(panel)
+    assert row[:5] == ["1", "fp32", row[2], "float32", "3"]
+    assert row[5] == f"{direct.final_loss:.4f}" and row[8] == "1.00×"
+    assert bytes(panel.plot.value).startswith(b"\x89PNG")
+
+
+def test_a_bf16_run_sits_beside_the_fp32_one_with_its_observed_dtype():
+    panel = training_panel(steps=2, precision="fp32", device="cpu", **TINY)
+    panel.button.click()
+    panel.precision.value = "bf16"
+    panel.button.click()
+    assert [r.precision for r in panel.results] == ["fp32", "bf16"]
+    assert panel.results[1].compute_dtype == torch.bfloat16
+    table = rows(panel)
+    assert table[1][3] == "bfloat16" and table[1][8].endswith("×")
+    panel.clear.click()
+    assert panel.results == [] and "No runs yet" in panel.table.value
+
+
+def test_a_nan_loss_is_shown_and_its_partial_run_kept(monkeypatch):
+    partial = TrainResult(path="torch", precision="fp16", device="cpu", model="lesson",
+                          losses=[0.7, float("nan")], stopped="the loss became nan at step 2")
+
+    def nan_run(**kwargs):
+        raise NonFiniteLossError(partial.stopped, partial)
+
+    monkeypatch.setattr(lesson4, "train", nan_run)
+    panel = training_panel(steps=2, precision="fp16", device="cpu", **TINY)
+    panel.button.click()
+    assert panel.results == [partial]
+    assert "the loss became nan at step 2" in panel.message.value
+    assert not panel.button.disabled
+
+
+def test_any_other_failure_is_shown_not_raised(monkeypatch):
+    def broken(**kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(lesson4, "train", broken)
+    panel = training_panel(steps=2, device="cpu", **TINY)
+    panel.button.click()
+    assert "RuntimeError: out of memory" in panel.message.value
+    assert panel.results == [] and not panel.button.disabled
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"precision": "fp8"}, "'fp32', 'fp16', 'bf16'"), ({"device": "tpu"}, "'auto', 'cpu'"),
+    ({"steps": 0}, "1 to 5000"), ({"lr": -1.0}, "lr must be"),
+    ({"steps_per_epoch": 3}, "steps_per_epoch"), ({"on_step": print}, "panel's own controls"),
+])
+def test_bad_settings_say_what_is_accepted(bad, words):
+    with pytest.raises((ValueError, TypeError), match=re.escape(words)):
+        training_panel(**bad)
