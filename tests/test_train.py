@@ -239,6 +239,7 @@ def test_cli_bad_input_says_what_was_given_and_what_is_accepted(args, expected, 
     assert code == 2 and expected in capsys.readouterr().err
 
 
+@pytest.mark.slow  # about 10-15 s: two processes import torch and transformers
 def test_torchrun_with_two_processes_matches_one_process_on_the_same_global_batch(tmp_path):
     """Each process takes half of every global batch; DDP averages the gradients."""
     out = tmp_path / "ddp.json"

@@ -110,8 +110,8 @@ def _cuda_bf16(device: torch.device) -> bool:
 def low_precision_cost(precision: str, device: torch.device) -> str | None:
     """A warning with the measured cost of fp16/bf16 on a CPU without units for it, else None.
 
-    Times a 256x256 matmul in fp32 and in `precision` (about 0.1 s): bigger matmuls show the
-    gap better, but this is paid before every CPU run in low precision.
+    Times a 256x256 matmul in fp32 and in `precision` on one thread (about 0.1 s): bigger
+    matmuls show the gap better, but this is paid before every CPU run in low precision.
     """
     if device.type != "cpu" or precision not in LOW_DTYPES:
         return None
@@ -124,25 +124,32 @@ def low_precision_cost(precision: str, device: torch.device) -> str | None:
     units = _UNITS[precision]
     why = (f"this CPU has no {precision} arithmetic units (no {' / '.join(units)})"
            if not any(feats.get(u) for u in units) else "torch has no fast kernel for it here")
-    return (f"{precision} on this CPU is slow: a 256x256 matmul took {low * 1e3:.2f} ms in "
+    return (f"{precision} on this CPU is slow: a 256x256 matmul (1 thread) took "
+            f"{low * 1e3:.2f} ms in "
             f"{precision} against {fp32 * 1e3:.3f} ms in fp32 ({ratio:.0f}x slower), because "
             f"{why}. Training runs correctly but slower than fp32; use fp32 here, or a GPU "
             "(or a CPU with AMX / AVX-512 units) to see low precision pay off.")
 
 
 def _matmul_seconds(dtype: torch.dtype, n: int = 256, repeats: int = 8) -> float:
-    # The fastest of a few runs, not the median: on a shared 2-core machine, other processes
-    # add 10-15 ms stalls to a 0.6 ms fp32 matmul, never take time away.
+    # One thread and the fastest of a few runs: on a shared 2-core machine a two-thread fp32
+    # matmul (0.6 ms) waits 10-15 ms whenever the other core is busy; one thread never waits,
+    # and the fp16/fp32 ratio per thread is the hardware's.
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=gen).to(dtype) for _ in range(2))
-    a @ b
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
         a @ b
-        times.append(time.perf_counter() - start)
-        if sum(times) > 0.2:
-            break
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+            if sum(times) > 0.2:
+                break
+    finally:
+        torch.set_num_threads(threads)
     return min(times)
 
 

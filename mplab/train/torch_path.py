@@ -20,6 +20,7 @@ bit for bit, and a guard that stops on a non-finite loss.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
@@ -117,6 +118,7 @@ def _train(config: TrainConfig, procs: Processes, model, tokenizer, on_step) -> 
             result.resumed_from = step
 
     stream = global_batches(train_enc, global_size, config, device, epoch, position)
+    resume_at = (epoch, position)  # the next batch to train on, as a checkpoint records it
     probe = MatmulDtypeProbe(model)
     accumulate = config.accumulation_steps
     first, last = procs.rank * per_process, (procs.rank + 1) * per_process
@@ -127,7 +129,8 @@ def _train(config: TrainConfig, procs: Processes, model, tokenizer, on_step) -> 
                disable=not (config.progress and procs.main), unit="step")
     try:
         while step < config.steps:
-            epoch, position, batch = next(stream)
+            epoch, index, batch = next(stream)
+            resume_at = (epoch, index + 1)
             tick = time.perf_counter()
             # This process's rows of the global batch (DistributedSampler-like), in micro-batches.
             mine = {key: value[first:last] for key, value in batch.items()}
@@ -146,7 +149,7 @@ def _train(config: TrainConfig, procs: Processes, model, tokenizer, on_step) -> 
                 loss_sum += loss.detach().float()
             # One host sync per step: the record needs the number and the guard needs to look.
             loss_value = procs.mean(loss_sum / accumulate).item()
-            if not torch.isfinite(torch.tensor(loss_value)):
+            if not math.isfinite(loss_value):
                 message = non_finite_message(step + 1, loss_value, config.precision, config.lr,
                                              result.losses)
                 result.stopped = message
@@ -181,7 +184,7 @@ def _train(config: TrainConfig, procs: Processes, model, tokenizer, on_step) -> 
                                                            ctx)))
             if config.save_every and step % config.save_every == 0 and step < config.steps:
                 _save_checkpoint(config, model, optimizer, scheduler, scaler, device, result,
-                                 (step, epoch, position + 1), procs)
+                                 (step, *resume_at), procs)
             if on_step is not None:
                 on_step(step, result)
     finally:
@@ -194,7 +197,7 @@ def _train(config: TrainConfig, procs: Processes, model, tokenizer, on_step) -> 
         result.eval_accuracy = result.eval_history[-1][1]
     if config.checkpoint_dir:
         _save_checkpoint(config, model, optimizer, scheduler, scaler, device, result,
-                         (step, epoch, position + 1), procs)
+                         (step, *resume_at), procs)
     _finish(result, start, train_seconds, samples, tokens, device, probe)
     if (dtype is not None and result.compute_dtype is not None
             and result.compute_dtype != dtype):
