@@ -166,6 +166,17 @@ def get_format(fmt) -> FloatFormat:
                      + " or the matching torch dtypes")
 
 
+def dtype_of(fmt) -> torch.dtype:
+    """The torch dtype of a format name ("bf16" -> torch.bfloat16): mplab's one map from names
+    to dtypes (its inverse is `get_format(dtype).name`). tf32 is a matmul mode, not a dtype."""
+    f = get_format(fmt)
+    if f.torch_dtype is None:
+        raise ValueError(f"{f.name} is not a torch dtype (it is how tensor cores read fp32: "
+                         "torch.backends.cuda.matmul.allow_tf32); accepted: "
+                         + ", ".join(repr(n) for n, g in FORMATS.items() if g.torch_dtype))
+    return f.dtype()
+
+
 # --- turning what a learner gives into an exact value ----------------------------------------
 
 # Powers of ten or two beyond this are 0 or inf in every format; past it, skip exact bignums.

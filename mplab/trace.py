@@ -1,6 +1,6 @@
 """What autocast really did: every aten op of one training step, with the dtype it ran in.
 
-    t = trace(model, batch, dtype="bf16")     # one forward + loss under autocast, one backward
+    t = trace(model, batch, precision="bf16")  # one forward + loss under autocast, one backward
     t.summary()                               # per op: how often, which dtypes, which kind
     t.by_layer()                              # per module: its ops as colour-coded tags
     t.table(phase="forward", kinds="fp32 (autocast)")
@@ -57,6 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from mplab._display import Table
+from mplab.formats import dtype_of
 from mplab.hardware import resolve_device
 
 CAST, EXPLICIT_CAST = "cast", "cast (explicit)"
@@ -64,9 +65,6 @@ LOW, FP32_AUTOCAST, FP32 = "low precision", "fp32 (autocast)", "fp32"
 PROMOTE, VIEW, OTHER = "promote", "view", "other"
 KINDS = (CAST, EXPLICIT_CAST, LOW, FP32_AUTOCAST, PROMOTE, FP32, VIEW, OTHER)
 
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-           "float16": torch.float16, "half": torch.float16, "fp32": torch.float32,
-           "float32": torch.float32}
 _SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
           torch.float64: "fp64"}
 _LOW = (torch.float16, torch.bfloat16)
@@ -383,17 +381,20 @@ class _CallWatcher(TorchFunctionMode):
             todo.extend(n for n, _ in node.next_functions)
 
 
-def parse_dtype(dtype) -> torch.dtype:
+def parse_precision(precision) -> torch.dtype:
     """torch.bfloat16/float16 or "bf16"/"fp16" (autocast), torch.float32/"fp32" (autocast off)."""
-    if isinstance(dtype, torch.dtype) and dtype in (*_LOW, torch.float32):
+    try:
+        dtype = dtype_of(precision)
+    except ValueError:
+        dtype = None
+    if dtype in (*_LOW, torch.float32):
         return dtype
-    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
-        return _DTYPES[dtype.lower()]
-    raise ValueError(f"unknown dtype {dtype!r}; accepted: torch.bfloat16, torch.float16, 'bf16', "
-                     "'fp16', or torch.float32 / 'fp32' for a step without autocast")
+    raise ValueError(f"unknown precision {precision!r}; accepted: 'bf16', 'fp16' (or "
+                     "torch.bfloat16, torch.float16), or 'fp32' / torch.float32 for a step "
+                     "without autocast")
 
 
-def trace(model, batch_or_inputs, *, dtype="bf16", device="auto", loss_fn=None,
+def trace(model, batch_or_inputs, *, precision="bf16", device="auto", loss_fn=None,
           backward: bool = True) -> Trace:
     """Run one step of `model` under autocast and record every aten op that ran.
 
@@ -403,12 +404,12 @@ def trace(model, batch_or_inputs, *, dtype="bf16", device="auto", loss_fn=None,
     dict batch `output.loss` (an HF model given "labels"); else `output.float().sum()` of the
     output tensor (or its first one), a stand-in that reaches every parameter (its `.float()`
     shows as an explicit cast). `backward=False` records the forward only.
-    `dtype`: bf16 or fp16 autocast; fp32 traces the same step without autocast, for comparison.
+    `precision`: bf16 or fp16 autocast; fp32 traces the same step without autocast, for comparison.
     The first trace in a process takes 2-3 s more: torch imports torch._dynamo the first time a
     dispatch mode runs (2.13, 2 CPU cores); then a step of the lesson model on 8 reviews
     takes 0.2-0.9 s.
     """
-    dtype = parse_dtype(dtype)
+    dtype = parse_precision(precision)
     if not isinstance(device, str | torch.device):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     dev = resolve_device(device)
@@ -418,7 +419,7 @@ def trace(model, batch_or_inputs, *, dtype="bf16", device="auto", loss_fn=None,
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if dev.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise ValueError(f"{torch.cuda.get_device_name(dev)} does not support bf16; "
-                         "trace with dtype='fp16'")
+                         "trace with precision='fp16'")
     if loss_fn is not None and not callable(loss_fn):
         raise ValueError(f"loss_fn must be a function of the model's output, got {loss_fn!r}")
     call = _caller(batch_or_inputs, dev)

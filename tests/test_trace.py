@@ -69,7 +69,7 @@ def head_trace():
 
 def test_linear_runs_in_bf16_after_autocast_casts_its_weight():
     model, x = mlp(), torch.randn(5, 8)
-    t = trace(model, x, dtype="bf16", device="cpu")
+    t = trace(model, x, precision="bf16", device="cpu")
     fwd = t.select("forward")
     first = next(i for i, r in enumerate(fwd) if r.op == "aten::addmm")
     assert fwd[first].inputs == (torch.bfloat16,) * 3
@@ -83,7 +83,7 @@ def test_linear_runs_in_bf16_after_autocast_casts_its_weight():
 
 def test_without_autocast_everything_runs_in_fp32():
     model, x = mlp(), torch.randn(5, 8)
-    t = trace(model, x, dtype="fp32", device="cpu")
+    t = trace(model, x, precision="fp32", device="cpu")
     assert t.matmul_dtype == torch.float32
     assert linear_output_dtypes(model, x, autocast=False) == {t.matmul_dtype}
     assert not t.casts and not t.low_precision_ops and not t.fp32_ops
@@ -91,7 +91,7 @@ def test_without_autocast_everything_runs_in_fp32():
 
 
 def test_fp16_autocast_on_cpu():
-    t = trace(nn.Linear(4, 4), torch.randn(2, 4), dtype=torch.float16, device="cpu")
+    t = trace(nn.Linear(4, 4), torch.randn(2, 4), precision=torch.float16, device="cpu")
     assert t.matmul_dtype == torch.float16 and t.dtype == torch.float16
 
 
@@ -154,7 +154,7 @@ def test_lesson_model_dict_batch():
     batch = encode(lesson_tokenizer(), ds.texts[:8], ds.labels[:8])
     model = lesson_model()
     start = time.perf_counter()
-    t = trace(model, batch, dtype="bf16", device="cpu")
+    t = trace(model, batch, precision="bf16", device="cpu")
     assert time.perf_counter() - start < 10
     assert t.matmul_dtype == torch.bfloat16
     assert "aten::nll_loss_forward" in t.fp32_ops
@@ -230,8 +230,8 @@ def test_table_summary_and_by_layer_render(head_trace):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"dtype": "fp8"}, "'bf16'"),
-    ({"dtype": torch.int8}, "torch.float16"),
+    ({"precision": "fp8"}, "'bf16'"),
+    ({"precision": torch.int8}, "torch.float16"),
     ({"device": "tpu"}, "'cpu'"),
     ({"device": 3}, "'auto'"),
 ])

@@ -214,7 +214,7 @@ def lesson_trace():
 
     reviews = load_dataset("sentiment", "train")
     batch = encode(lesson_tokenizer(), reviews.texts[:4], reviews.labels[:4])
-    return trace(lesson_model(), batch, dtype="bf16", device="cpu")
+    return trace(lesson_model(), batch, precision="bf16", device="cpu")
 
 
 def _kinds_of(op: str) -> set[str]:
