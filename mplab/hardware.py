@@ -16,6 +16,20 @@ _LOW_PRECISION_FLAGS = {
     "f16c": "fp16 <-> fp32 conversion only (no fp16 arithmetic)",
 }
 
+#: The flags that give each low precision arithmetic units on a CPU.
+UNITS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+
+
+def has_units(precision: str) -> bool:
+    """Does this CPU have arithmetic units for `precision` ("bf16" or "fp16")? fp32: always."""
+    if precision == "fp32":
+        return True
+    if precision not in UNITS:
+        raise ValueError(f"unknown precision {precision!r}; accepted: 'fp32', "
+                         + ", ".join(map(repr, UNITS)))
+    feats = cpu_features()
+    return any(feats[flag] for flag in UNITS[precision])
+
 
 def resolve_device(device: str = "auto") -> torch.device:
     """"auto" picks CUDA when there is a GPU, else the CPU; "cpu" and "cuda" are taken as asked."""
@@ -46,14 +60,11 @@ def describe(device: str = "auto") -> str:
     dev = resolve_device(device)
     if dev.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(dev)}"
-    feats = cpu_features()
     model = next((line.partition(":")[2].strip() for line in _cpuinfo_lines()
                   if line.startswith("model name")), platform.processor() or platform.machine())
-    bf16 = feats["avx512_bf16"] or feats["amx_bf16"]
-    fp16 = feats["avx512_fp16"] or feats["amx_fp16"]
     yes_no = {True: "yes", False: "no"}
-    return (f"cpu: {model} ({torch.get_num_threads()} threads; bf16 units: {yes_no[bf16]}, "
-            f"fp16 units: {yes_no[fp16]})")
+    return (f"cpu: {model} ({torch.get_num_threads()} threads; bf16 units: "
+            f"{yes_no[has_units('bf16')]}, fp16 units: {yes_no[has_units('fp16')]})")
 
 
 def _cpuinfo_lines() -> list[str]:

@@ -518,3 +518,30 @@ def _loss(output, loss_fn, batch) -> torch.Tensor:
         raise ValueError(f"{source} does not require grad (no trainable parameter reached it, "
                          "or the model ran under no_grad); trace with backward=False")
     return loss
+
+
+class MatmulDtypeProbe:
+    """The dtype a model's matmuls ran in, seen cheaply during a real run (no trace): a forward
+    hook on its first matmul layer (Linear, Conv, Hugging Face's Conv1D) reads the dtype of its
+    output on the first call, which under autocast is the dtype the matmul ran in; then the
+    hook removes itself. `trace(...).matmul_dtype` gives the same answer from every aten op."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.dtype: torch.dtype | None = None
+        layer = next((m for m in model.modules() if _is_matmul_layer(m)), None)
+        self._hook = layer.register_forward_hook(self._seen) if layer is not None else None
+
+    def _seen(self, module, args, output):
+        if isinstance(output, torch.Tensor):
+            self.dtype = output.dtype
+        self.remove()
+
+    def remove(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+
+def _is_matmul_layer(module: torch.nn.Module) -> bool:
+    layers = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    return isinstance(module, layers) or type(module).__name__ == "Conv1D"

@@ -7,9 +7,9 @@ from mplab import bench, hardware
 from mplab._display import Table
 
 
-def test_matmul_speed_times_each_format_against_the_first():
-    table = bench.matmul_speed(n=64, formats=("fp32", "bf16"), device="cpu", budget_s=0.05)
-    assert table.column("format") == ["fp32", "bf16"]
+def test_matmul_speed_times_each_precision_against_the_first():
+    table = bench.matmul_speed(n=64, precisions=("fp32", "bf16"), device="cpu", budget_s=0.05)
+    assert table.column("precision") == ["fp32", "bf16"]
     fp32, bf16 = table.rows
     assert fp32["speed vs fp32"] == 1.0
     assert bf16["speed vs fp32"] == pytest.approx(fp32["ms per matmul"] / bf16["ms per matmul"])
@@ -18,7 +18,7 @@ def test_matmul_speed_times_each_format_against_the_first():
 
 
 def rows(speed_bf16, speed_fp16, device="cpu"):
-    return Table([{"format": f, "device": device, "speed vs fp32": s}
+    return Table([{"precision": f, "device": device, "speed vs fp32": s}
                   for f, s in (("fp32", 1.0), ("bf16", speed_bf16), ("fp16", speed_fp16))])
 
 
@@ -30,7 +30,7 @@ def test_the_explanation_follows_the_measurement():
     assert "no fast kernel" in gpu and "CPU" not in gpu
 
 
-def test_bad_sizes_and_formats_are_named():
+def test_bad_sizes_and_precisions_are_named():
     with pytest.raises(ValueError, match="positive int, got 0"):
         bench.time_matmul(0)
     with pytest.raises(ValueError, match="tf32 is not a storage dtype"):
@@ -48,3 +48,21 @@ def test_device_auto_picks_what_the_machine_has():
         hardware.resolve_device("tpu")
     assert hardware.describe().startswith(expected)
     assert set(hardware.cpu_features()) >= {"avx512_bf16", "avx512_fp16", "amx_bf16"}
+
+
+def test_one_thread_timing_restores_torchs_thread_count_and_reports_the_best_run():
+    threads = torch.get_num_threads()
+    t = bench.time_matmul(32, "fp32", "cpu", budget_s=0.02, threads=1)
+    assert torch.get_num_threads() == threads
+    assert 0 < t.best <= t.seconds and t.repeats >= 1
+
+
+def test_has_units_reads_the_cpu_flags_for_each_precision(monkeypatch):
+    features = hardware.cpu_features()
+    monkeypatch.setattr(hardware, "cpu_features",
+                        lambda: dict.fromkeys(features, False)
+                        | {"amx_bf16": True})
+    assert hardware.has_units("bf16") and not hardware.has_units("fp16")
+    assert hardware.has_units("fp32")
+    with pytest.raises(ValueError, match="'fp8'.*accepted"):
+        hardware.has_units("fp8")

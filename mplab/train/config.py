@@ -38,6 +38,10 @@ class TrainConfig:
     schedule: str = "linear"           # warm-up, then linear decay to 5 % of lr; or "constant"
     max_grad_norm: float | None = None
     scaler: str = "torch"              # fp16 only: torch.amp.GradScaler or mplab.scaler's twin
+    init_scale: float = 2.0**16        # the GradScaler's settings, by torch's names and defaults
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
     seed: int = 0                      # model weights, data order and torch's RNG in the run
     attention_mask: bool = True
     by_length: bool = True
@@ -70,6 +74,16 @@ class TrainConfig:
         if self.eval_samples is not None:
             _positive_int("eval_samples", self.eval_samples, " or None (0 skips the evaluation)",
                           minimum=0)
+        _positive_int("growth_interval", self.growth_interval)
+        if not _positive_float(self.init_scale):
+            raise ValueError(f"init_scale must be a positive finite number (the first loss "
+                             f"scale; torch's default is 2.0**16), got {self.init_scale!r}")
+        if not (_positive_float(self.growth_factor) and self.growth_factor > 1):
+            raise ValueError(f"growth_factor must be a number > 1 (the scale grows by it after "
+                             f"growth_interval clean steps), got {self.growth_factor!r}")
+        if not (_positive_float(self.backoff_factor) and self.backoff_factor < 1):
+            raise ValueError(f"backoff_factor must be a number between 0 and 1 (the scale "
+                             f"shrinks by it after an inf/NaN), got {self.backoff_factor!r}")
         _non_negative_int("warmup_steps", self.warmup_steps)
         _non_negative_int("seed", self.seed)
         if not _positive_float(self.lr):
@@ -89,6 +103,12 @@ class TrainConfig:
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f"model must be 'lesson' or a hub name / saved folder, got "
                              f"{self.model!r}")
+
+    @property
+    def scaler_settings(self) -> dict:
+        """The GradScaler's keyword arguments, as torch names them."""
+        return {"init_scale": self.init_scale, "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval}
 
     def as_dict(self) -> dict:
         return asdict(self)
