@@ -36,3 +36,19 @@ def failed_saying(result, *words):
     for w in words:
         assert w.lower() in result.message.lower(), result.message
     return result.message
+
+
+@pytest.fixture(scope="session")
+def course_run():
+    """The lesson model trained 600 fp32 steps through mplab.train with the course's exact
+    call, `model(input_ids, labels=labels)` (no mask) on length-grouped batches: the one long
+    run the suite shares (about 25 s on 2 cores). (result, trained model)."""
+    from mplab import models
+    from mplab.train import train
+
+    model = models.lesson_model(seed=0)
+    result = train(model=model, steps=600, attention_mask=False, by_length=True,
+                   progress=False, device="cpu")
+    print(f"\n600 fp32 steps, no attention mask: {result.train_seconds:.1f} s training "
+          f"({result.seconds:.1f} s in all), accuracy {result.eval_accuracy:.3f}")
+    return result, model

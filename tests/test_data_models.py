@@ -9,7 +9,6 @@ import filecmp  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -155,46 +154,27 @@ def test_the_lesson_model_is_small_and_its_weights_depend_only_on_the_seed(token
     assert deeper.config.num_hidden_layers == 3 and deeper.classifier.out_features == 3
 
 
-def test_the_lesson_model_learns_the_sentiment_data(tokenizer):
-    """The training loop the lessons use, in plain PyTorch; prints accuracy and time."""
-    train, test = data.load_dataset("sentiment", "train"), data.load_dataset("sentiment", "test")
-    start = time.perf_counter()
-    model = models.lesson_model(seed=0)
-    train_enc = data.encode(tokenizer, train.texts, train.labels)
+@pytest.mark.slow
+def test_the_lesson_model_learns_every_kind_of_review(tokenizer, course_run):
+    """The shared 600-step run (tests/conftest.py) classifies each sentence structure of the
+    test split (plain, negated, contrasted) well above chance; prints accuracy per structure."""
+    result, model = course_run
+    test = data.load_dataset("sentiment", "test")
     test_enc = data.encode(tokenizer, test.texts, test.labels)
-    steps, warmup = 600, 50
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / steps))
-    model.train()
-    step, epoch = 0, 0
-    while step < steps:
-        for batch in data.batches(train_enc, batch_size=32, seed=epoch, device="cpu",
-                                  by_length=True):
-            outputs = model(**batch)
-            outputs.loss.backward()
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
-            step += 1
-            if step == steps:
-                break
-        epoch += 1
-    seconds = time.perf_counter() - start
     model.eval()
     with torch.no_grad():
+        # The mask hides the padding a length-grouped batch would not have had.
         predicted = torch.cat([model(input_ids=b["input_ids"],
                                      attention_mask=b["attention_mask"]).logits.argmax(-1)
                                for b in data.batches(test_enc, 250, shuffle=False, device="cpu")])
     right = (predicted == test_enc["labels"]).tolist()
-    accuracy = sum(right) / len(right)
     by_structure = collections.defaultdict(list)
     for row, ok in zip(rows("test"), right):
         by_structure[row["structure"]].append(ok)
-    detail = ", ".join(f"{k} {sum(v) / len(v):.3f}" for k, v in sorted(by_structure.items()))
-    print(f"\nlesson model: {steps} steps in {seconds:.1f} s on {torch.get_num_threads()} "
-          f"threads, test accuracy {accuracy:.3f} ({detail}), final loss {outputs.loss:.3f}")
-    assert accuracy >= 0.80
+    detail = {k: sum(v) / len(v) for k, v in sorted(by_structure.items())}
+    print(f"\nlesson model after 600 steps, by structure: {detail}")
+    assert sum(right) / len(right) >= 0.80
+    assert min(detail.values()) >= 0.65, detail
 
 
 def test_load_pretrained_reads_a_saved_folder_back_to_identical_logits(tokenizer, tmp_path):

@@ -17,6 +17,7 @@ import torch  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 
 from mplab import models  # noqa: E402
+from mplab.scaler import GradScaler as MplabGradScaler  # noqa: E402
 from mplab.hardware import cpu_features  # noqa: E402
 from mplab.train import (  # noqa: E402
     NonFiniteLossError,
@@ -26,6 +27,7 @@ from mplab.train import (  # noqa: E402
     common,
     train,
 )
+from mplab.train.run import StepCounter  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Tiny runs: a few steps of small batches, no evaluation (fp16 on this CPU is slow).
@@ -47,13 +49,11 @@ def env() -> dict:
 
 # ---- what it learns ---------------------------------------------------------------------------
 
-def test_the_course_call_without_attention_mask_learns_the_data_to_80_percent():
+@pytest.mark.slow
+def test_the_course_call_without_attention_mask_learns_the_data_to_80_percent(course_run):
     """model(input_ids, labels=labels), no mask: length-grouped batches hold almost no padding,
     so the model barely sees [PAD] and learns as with the mask (0.93 vs 0.97 measured)."""
-    result = train(steps=600, attention_mask=False, by_length=True, progress=False,
-                   device="cpu")
-    print(f"\n600 fp32 steps, no attention mask: {result.train_seconds:.1f} s training "
-          f"({result.seconds:.1f} s in all), accuracy {result.eval_accuracy:.3f}")
+    result, _ = course_run
     assert result.compute_dtype == torch.float32
     assert len(result.losses) == 600 and result.scales == [] and result.skipped_steps == []
     first, last = result.losses[:50], result.losses[-50:]
@@ -65,10 +65,6 @@ def test_the_course_call_without_attention_mask_learns_the_data_to_80_percent():
 # ---- precisions and scalers -------------------------------------------------------------------
 
 def test_fp16_with_torch_and_mplab_scalers_gives_identical_losses_and_scales():
-    try:
-        import mplab.scaler  # noqa: F401
-    except Exception as err:  # being written by another engineer
-        pytest.skip(f"mplab.scaler does not import: {err!r}")
     # A loss of 1e29 on the second step overflows fp16 gradients: both scalers must skip it.
     runs = [quiet_train(model=ScaledLoss(1e29, call=2, once=True), precision="fp16", scaler=s,
                         steps=4, **TINY) for s in ("torch", "mplab")]
@@ -176,6 +172,37 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_likely_cause():
         train(steps=30, lr=1e6, warmup_steps=0, **TINY)
 
 
+def test_a_far_too_high_init_scale_records_the_first_steps_as_skipped_until_it_backs_off():
+    """2^40 overflows fp16 gradients: each step is skipped and halves the scale, and the run
+    records it from the optimizer not stepping, with the schedule held back until it does."""
+    result = quiet_train(precision="fp16", init_scale=2.0**40, steps=6, **TINY)
+    assert result.config["init_scale"] == 2.0**40
+    assert result.skipped_steps == [1, 2, 3, 4, 5, 6][:len(result.skipped_steps)]
+    assert len(result.skipped_steps) >= 3
+    assert result.scales[:3] == [2.0**39, 2.0**38, 2.0**37]
+
+
+@pytest.mark.parametrize("scaler_cls", [torch.amp.GradScaler, MplabGradScaler])
+def test_a_skip_is_seen_from_the_optimizer_not_inferred_from_a_falling_scale(scaler_cls):
+    """Two skips whose scale does not fall: a scale of 0 (0 x 0.5 = 0) and update(new_scale)."""
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    counter = StepCounter(optimizer)
+    for init_scale, new_scale in ((0.0, None), (1024.0, 4096.0)):
+        scaler = scaler_cls("cpu", init_scale=init_scale)
+        scaler.scale(weight.sum())  # the scaler starts at its first scale()
+        weight.grad = torch.tensor([math.inf, 1.0])  # an inf gradient: the step is skipped
+        scaler.step(optimizer)
+        scaler.update(new_scale)
+        assert scaler.get_scale() >= init_scale  # did not fall
+        assert not counter.stepped() and torch.equal(weight.detach(), torch.ones(2))
+        optimizer.zero_grad()
+    scaler = scaler_cls("cpu")
+    scaler.scale(weight.sum()).backward()
+    scaler.step(optimizer)
+    assert counter.stepped() and not counter.stepped()  # once per real step
+
+
 def test_an_inf_gradient_in_fp16_is_a_skipped_step_not_a_stop():
     """The guard looks at the loss: GradScaler's skipped steps are normal and the run goes on.
     A loss of 1e29 is finite in fp32, but its gradients overflow fp16 on the way back."""
@@ -244,7 +271,7 @@ def test_torchrun_with_two_processes_matches_one_process_on_the_same_global_batc
     """Each process takes half of every global batch; DDP averages the gradients."""
     out = tmp_path / "ddp.json"
     run = subprocess.run(
-        ["torchrun", "--standalone", "--nproc_per_node", "2", "-m", "mplab.train",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "mplab.train",
          "--device", "cpu", "--steps", "4", "--batch-size", "4", "--eval-samples", "0",
          "--no-progress", "--json", str(out)],
         capture_output=True, text=True, env=env(), cwd=ROOT, timeout=180)
@@ -296,3 +323,26 @@ def test_the_config_is_one_record_with_the_clis_names():
 
     flags = {a.dest for a in parser()._actions} - {"help", "json"}
     assert flags == {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def test_versus_compares_a_run_with_its_fp32_twin_over_the_steps_both_trained():
+    def run(losses, samples_per_s, memory):
+        return TrainResult("torch", "bf16", "cpu", "lesson", losses=losses,
+                           samples_per_s=samples_per_s, peak_memory_bytes=memory)
+
+    fp32 = run([4.0, 2.0, 1.0, 1.0], 100.0, 1000)
+    short_bf16 = run([4.0, 2.2, 1.1], 150.0, 800)  # 3 steps: compared over steps 2-3 at last=2
+    out = short_bf16.versus(fp32, last=2)
+    assert out["speedup"] == 1.5 and out["memory_ratio"] == 0.8
+    assert out["steps_compared"] == (2, 3)
+    assert out["loss_change"] == pytest.approx((3.3 / 2 - 3.0 / 2) / (3.0 / 2))
+    with pytest.raises(TypeError, match="another TrainResult"):
+        fp32.versus({"losses": []})
+
+
+def test_each_step_is_timed_and_the_steady_time_leaves_out_the_warm_up_step():
+    result = train(steps=4, **TINY)
+    assert len(result.step_seconds) == 4 and all(t > 0 for t in result.step_seconds)
+    assert result.train_seconds == pytest.approx(sum(result.step_seconds))
+    rest = sorted(result.step_seconds[1:])
+    assert result.steady_step_seconds == rest[1]

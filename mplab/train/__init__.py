@@ -8,8 +8,11 @@
     python -m mplab.train --precision fp16 --steps 100 --json run.json
     torchrun --nproc_per_node 2 -m mplab.train --precision fp32 --batch-size 16
 
-Every path returns the same `TrainResult`; `path="torch"` (autocast + GradScaler by hand) is
-the one so far. Settings are `TrainConfig`'s fields, by the same names everywhere.
+Every path returns the same `TrainResult`; `path="torch"` (autocast + GradScaler by hand, in
+`torch_path.py`: the whole method in one function) is the one so far. Each path is a small file
+that drives a `run.Run`, which holds the run's state and the bookkeeping every path shares
+(data, progress, timing, evaluation, checkpoints, the result). Settings are `TrainConfig`'s
+fields, by the same names in the library, the CLI and the widgets.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def train(config: TrainConfig | None = None, *, model=None, tokenizer=None, on_s
                          f"and {sorted(settings)})")
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
-    from .torch_path import train_torch  # the only path so far (TrainConfig checks `path`)
+    from .torch_path import train_torch
 
-    return train_torch(config, model=model, tokenizer=tokenizer, on_step=on_step)
+    paths = {"torch": train_torch}  # TrainConfig has checked `path` against PATHS
+    return paths[config.path](config, model=model, tokenizer=tokenizer, on_step=on_step)

@@ -38,6 +38,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm,
                    help="clip gradients (after unscaling) to this norm")
     p.add_argument("--scaler", default=d.scaler, help=f"fp16's GradScaler: {', '.join(SCALERS)}")
+    p.add_argument("--init-scale", type=float, default=d.init_scale,
+                   help="fp16's first loss scale (torch's default 65536)")
+    p.add_argument("--growth-factor", type=float, default=d.growth_factor)
+    p.add_argument("--backoff-factor", type=float, default=d.backoff_factor)
+    p.add_argument("--growth-interval", type=int, default=d.growth_interval,
+                   help="clean steps before the scale grows")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-attention-mask", dest="attention_mask", action="store_false",
                    help="call model(input_ids, labels=labels) exactly as the course does")

@@ -5,19 +5,16 @@ from __future__ import annotations
 import os
 import resource
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from mplab import data, models
-from mplab.hardware import cpu_features, describe, resolve_device
+from mplab.bench import time_matmul
+from mplab.hardware import UNITS, describe, has_units, resolve_device
 
 from .config import TrainConfig
-
-LOW_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-_UNITS = {"fp16": ("avx512_fp16", "amx_fp16"), "bf16": ("avx512_bf16", "amx_bf16")}
 
 
 class TrainWarning(UserWarning):
@@ -113,44 +110,20 @@ def low_precision_cost(precision: str, device: torch.device) -> str | None:
     Times a 256x256 matmul in fp32 and in `precision` on one thread (about 0.1 s): bigger
     matmuls show the gap better, but this is paid before every CPU run in low precision.
     """
-    if device.type != "cpu" or precision not in LOW_DTYPES:
+    if device.type != "cpu" or precision == "fp32":
         return None
-    fp32 = _matmul_seconds(torch.float32)
-    low = _matmul_seconds(LOW_DTYPES[precision])
+    fp32, low = (time_matmul(256, p, "cpu", budget_s=0.2, max_repeats=8, threads=1).best
+                 for p in ("fp32", precision))
     ratio = low / fp32
     if ratio < 1.5:
         return None
-    feats = cpu_features()
-    units = _UNITS[precision]
-    why = (f"this CPU has no {precision} arithmetic units (no {' / '.join(units)})"
-           if not any(feats.get(u) for u in units) else "torch has no fast kernel for it here")
+    why = (f"this CPU has no {precision} arithmetic units (no {' / '.join(UNITS[precision])})"
+           if not has_units(precision) else "torch has no fast kernel for it here")
     return (f"{precision} on this CPU is slow: a 256x256 matmul (1 thread) took "
             f"{low * 1e3:.2f} ms in "
             f"{precision} against {fp32 * 1e3:.3f} ms in fp32 ({ratio:.0f}x slower), because "
             f"{why}. Training runs correctly but slower than fp32; use fp32 here, or a GPU "
             "(or a CPU with AMX / AVX-512 units) to see low precision pay off.")
-
-
-def _matmul_seconds(dtype: torch.dtype, n: int = 256, repeats: int = 8) -> float:
-    # One thread and the fastest of a few runs: on a shared 2-core machine a two-thread fp32
-    # matmul (0.6 ms) waits 10-15 ms whenever the other core is busy; one thread never waits,
-    # and the fp16/fp32 ratio per thread is the hardware's.
-    gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(n, n, generator=gen).to(dtype) for _ in range(2))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a @ b
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - start)
-            if sum(times) > 0.2:
-                break
-    finally:
-        torch.set_num_threads(threads)
-    return min(times)
 
 
 def device_name(device: torch.device) -> str:
@@ -237,31 +210,6 @@ def accuracy(model, encoded, config: TrainConfig, device: torch.device, autocast
 
 
 # ---- measurements ---------------------------------------------------------------------------
-
-class MatmulDtypeProbe:
-    """The dtype the model's first matmul layer (Linear, Conv, HF's Conv1D) outputs on its
-    first call: under autocast that is the dtype the matmul ran in. Removes itself after."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.dtype: torch.dtype | None = None
-        layer = next((m for m in model.modules() if _is_matmul_layer(m)), None)
-        self._hook = layer.register_forward_hook(self._seen) if layer is not None else None
-
-    def _seen(self, module, args, output):
-        if isinstance(output, torch.Tensor):
-            self.dtype = output.dtype
-        self.remove()
-
-    def remove(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-
-
-def _is_matmul_layer(module: torch.nn.Module) -> bool:
-    layers = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-    return isinstance(module, layers) or type(module).__name__ == "Conv1D"
-
 
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":

@@ -25,6 +25,9 @@ class TrainResult:
       `skipped_steps`: steps whose gradients held an inf/NaN, so the optimizer did not step.
     - `grad_norms`: per step, the gradient norm after unscaling and before clipping (only
       with `max_grad_norm`); inf on a skipped step.
+    - `step_seconds`: the time of each step this call trained (after a resume, from where it
+      resumed): the first includes warm-up (kernels, allocations), so a steady speed is the
+      median of the rest (`steady_step_seconds`).
     - `samples_per_s`, `tokens_per_s`: over the training steps alone (no evaluation, no
       checkpointing), all processes together; tokens count padding, which is computed on too.
     - `peak_memory_bytes`: on a GPU, `torch.cuda.max_memory_allocated` since the run began; on
@@ -49,6 +52,7 @@ class TrainResult:
     tokens_per_s: float = 0.0
     seconds: float = 0.0
     train_seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)
     peak_memory_bytes: int = 0
     peak_memory_kind: str = ""
     parameters: int = 0
@@ -83,6 +87,35 @@ class TrainResult:
     @property
     def final_loss(self) -> float | None:
         return self.losses[-1] if self.losses else None
+
+    @property
+    def steady_step_seconds(self) -> float | None:
+        """The median step time without the first (warm-up) step; None before two steps."""
+        times = sorted(self.step_seconds[1:])
+        if not times:
+            return None
+        mid = len(times) // 2
+        return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+
+    def versus(self, baseline: TrainResult, last: int = 10) -> dict:
+        """How this run compares with `baseline` (its fp32 twin): `speedup` (samples/s
+        ratio, > 1 is faster), `loss_change` (the relative change of the mean loss over the
+        `last` steps both runs trained, e.g. +0.002 is 0.2 % higher), `memory_ratio` (peak
+        memory, this / baseline) and the steps compared."""
+        if not isinstance(baseline, TrainResult):
+            raise TypeError(f"versus() takes another TrainResult, got {type(baseline).__name__}")
+        k = min(len(self.losses), len(baseline.losses))
+        n = min(last, k)
+        ours = sum(self.losses[k - n:k]) / n if n else math.nan
+        theirs = sum(baseline.losses[k - n:k]) / n if n else math.nan
+        return {
+            "speedup": (self.samples_per_s / baseline.samples_per_s
+                        if baseline.samples_per_s else math.nan),
+            "loss_change": (ours - theirs) / theirs if n and theirs else math.nan,
+            "memory_ratio": (self.peak_memory_bytes / baseline.peak_memory_bytes
+                             if baseline.peak_memory_bytes else math.nan),
+            "steps_compared": (k - n + 1, k) if n else None,
+        }
 
     def summary(self) -> Table:
         """The key figures as a two-column table (what the CLI prints)."""
