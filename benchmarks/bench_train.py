@@ -22,16 +22,16 @@ import argparse
 import statistics
 import time
 import warnings
-from contextlib import nullcontext
 
 import torch
 
 from mplab import data, models
 from mplab._display import Table
-from mplab.hardware import cpu_features, describe, resolve_device
+from mplab.formats import dtype_of
+from mplab.hardware import cpu_features, describe, has_units, resolve_device
 from mplab.train import NonFiniteLossError, TrainConfig, TrainWarning, train
-from mplab.train.common import LOW_DTYPES, global_batches, model_inputs
-from mplab.train.torch_path import lr_schedule
+from mplab.train.common import global_batches, model_inputs
+from mplab.train.run import lr_schedule
 
 OVERHEAD_TARGET, BF16_TARGET, PARITY_TARGET, CUDA_TARGET = 0.05, 1.5, 0.02, 2.5
 BIG = {"hidden_size": 1024, "num_hidden_layers": 10, "num_attention_heads": 16,
@@ -44,8 +44,8 @@ def bare_loop(config: TrainConfig, batch_list: list[dict], device: torch.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
                                   weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config))
-    dtype = LOW_DTYPES.get(config.precision)
-    ctx = nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+    ctx = torch.autocast(device.type, dtype=dtype_of(config.precision),
+                         enabled=config.precision != "fp32")
     scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
     sync(device)
     start = time.perf_counter()
@@ -150,7 +150,6 @@ def main() -> None:
     args = p.parse_args()
     device = resolve_device(args.device)
     feats = cpu_features()
-    bf16_units = feats["avx512_bf16"] or feats["amx_bf16"]
     print(f"{describe(args.device)}; torch {torch.__version__}, {torch.get_num_threads()} "
           f"threads; CPU features: " + ", ".join(f"{k}={'yes' if v else 'no'}"
                                                for k, v in feats.items()))
@@ -171,20 +170,21 @@ def main() -> None:
     ratio = best["bf16", "mplab.train"] / best["fp32", "mplab.train"]
     print(f"\nbf16 / fp32 throughput: {ratio:.2f}x (target >= {BF16_TARGET}x on a CPU with "
           "AVX-512-BF16 or AMX).")
-    if device.type == "cpu" and not bf16_units:
+    if device.type == "cpu" and not has_units("bf16"):
         print("This CPU has no bf16 units (no avx512_bf16 / amx_bf16): torch converts every bf16 "
               "element to fp32 and back, so bf16 is slower here and the target cannot be met on "
               "this machine. It is a fact about the hardware, not about the loop.")
 
     runs = parity(device, args.parity_steps, args.parity_batch_size)
-    base = tail(runs["fp32"].losses)
-    rows = [{"precision": name, "matmuls ran in": str(run.compute_dtype),
-             "mean of last 20 losses": tail(run.losses),
-             "vs fp32": f"{tail(run.losses) / base - 1:+.2%}",
-             "within 2 %": "yes" if abs(tail(run.losses) / base - 1) <= PARITY_TARGET else "NO",
-             "accuracy (500)": run.eval_accuracy, "samples/s": run.samples_per_s,
-             "skipped steps": len(run.skipped_steps)}
-            for name, run in runs.items()]
+    rows = []
+    for name, run in runs.items():
+        versus = run.versus(runs["fp32"], last=20)
+        rows.append({"precision": name, "matmuls ran in": str(run.compute_dtype),
+                     "mean of last 20 losses": tail(run.losses),
+                     "vs fp32": f"{versus['loss_change']:+.2%}",
+                     "within 2 %": "yes" if abs(versus["loss_change"]) <= PARITY_TARGET else "NO",
+                     "accuracy (500)": run.eval_accuracy, "samples/s": run.samples_per_s,
+                     "speed vs fp32": versus["speedup"], "skipped steps": len(run.skipped_steps)})
     print()
     print(Table(rows, title=f"loss parity: {args.parity_steps} steps of batch "
                             f"{args.parity_batch_size} from seed 0 on {device.type}"))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from mplab._display import Table
 from mplab.formats import get_format
-from mplab.hardware import UNITS, has_units, resolve_device
+from mplab.hardware import UNITS, cpu_features, describe, has_units, resolve_device
 
 
 @dataclass(frozen=True)
@@ -116,3 +117,96 @@ def explain_matmul_speed(table: Table) -> str:
             lines.append(f"{name} ran {1 / s:.0f}× SLOWER than fp32: {why}. "
                          "Fewer bits only pay off where the hardware computes in them.")
     return "\n".join(lines)
+
+
+#: Model sizes for `training_speed`: the lesson model, and one big enough for bf16 units to pay.
+LESSON_SIZE = {"hidden_size": 128, "num_hidden_layers": 2}
+BIGGER_SIZE = {"hidden_size": 512, "num_hidden_layers": 4}
+
+
+def training_speed(sizes=(LESSON_SIZE, BIGGER_SIZE), precisions=("fp32", "bf16"),
+                   device="auto", steps: int = 4, batch_size: int = 32) -> Table:
+    """A few training steps of the lesson transformer through `mplab.train` at each size and
+    precision, side by side: the steady time per step (the median after the warm-up step) and
+    the speed relative to the first precision. A size is `lesson_model`'s config overrides
+    (`hidden_size`, `num_hidden_layers`; heads and feed-forward follow the hidden size)."""
+    from mplab.models import lesson_model
+    from mplab.train import TrainWarning, train
+
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
+        raise ValueError(f"steps must be an integer >= 2 (the first is warm-up), got {steps!r}")
+    dev = resolve_device(device)
+    rows = []
+    for size in sizes:
+        shape = _model_shape(size)
+        base = None
+        for precision in precisions:
+            with warnings.catch_warnings():  # the slow-hardware notes: the table says it
+                warnings.simplefilter("ignore", TrainWarning)
+                run = train(model=lesson_model(**shape), precision=precision, device=dev.type,
+                            steps=steps, batch_size=batch_size, eval_samples=0,
+                            warmup_steps=0, progress=False)
+            seconds = run.steady_step_seconds
+            base = base or seconds
+            rows.append({"hidden": shape["hidden_size"], "layers": shape["num_hidden_layers"],
+                         "parameters": run.parameters, "precision": precision,
+                         "matmuls ran in": str(run.compute_dtype).removeprefix("torch."),
+                         "ms per step": seconds * 1e3,
+                         f"speed vs {precisions[0]}": base / seconds, "device": dev.type})
+    return Table(rows, title=f"training steps of batch {batch_size} on {describe(dev.type)}")
+
+
+def _model_shape(size: dict) -> dict:
+    hidden = size.get("hidden_size", 128)
+    if not isinstance(hidden, int) or hidden < 64 or hidden % 64:
+        raise ValueError(f"hidden_size must be a multiple of 64, got {hidden!r}")
+    heads = max(4, hidden // 64)
+    return {"num_attention_heads": heads, "intermediate_size": 2 * hidden, **size}
+
+
+def explain_training_speed(table: Table, matmul_n: int = 1024) -> str:
+    """Say in words why each low precision ran as fast as it did in a `training_speed` table,
+    from the measurements and this machine: its units for that precision, and whether the
+    model's matrices are big enough to keep them busy (a bare `matmul_n`² matmul, timed here,
+    shows what the units can do on their own)."""
+    rows = list(table)
+    if not rows:
+        raise ValueError("the table is empty; pass what bench.training_speed returns")
+    speed_key = next(k for k in rows[0] if k.startswith("speed vs "))
+    base = speed_key.removeprefix("speed vs ")
+    device = rows[0]["device"]
+    lines, bare = [], {}
+    for r in rows:
+        p = r["precision"]
+        if p == base:
+            continue
+        s, model = r[speed_key], f"hidden {r['hidden']}, {r['layers']} layers"
+        if device == "cpu" and not has_units(p):
+            lines.append(f"{model}: {p} ran {1 / s:.0f}× slower than {base}. This CPU has no "
+                         f"{p} units (no {' / '.join(UNITS[p])}), so every {p} matmul is "
+                         f"converted to {base} and back; no model size can win that back.")
+            continue
+        if p not in bare:
+            bare[p] = (time_matmul(matmul_n, base, device, budget_s=0.2).seconds
+                       / time_matmul(matmul_n, p, device, budget_s=0.2).seconds)
+        units = "tensor cores" if device == "cuda" else f"{p} units ({_present(p)})"
+        if s >= 1.15:
+            lines.append(f"{model}: {p} ran {s:.1f}× faster than {base}: its {r['hidden']}-wide "
+                         f"matrices are big enough to keep the {units} busy, and half the bytes "
+                         "move.")
+        elif bare[p] >= 1.15:
+            lines.append(f"{model}: {p} ran at {s:.2f}× {base}'s speed. The {units} are there "
+                         f"(a bare {matmul_n}² matmul runs {bare[p]:.1f}× faster in {p}), but "
+                         f"this model's matrices are too small ({r['hidden']} wide): casting "
+                         f"weights and activations to {p}, and the ops that stay in {base}, cost "
+                         "as much as the faster multiplies save.")
+        else:
+            lines.append(f"{model}: {p} ran at {s:.2f}× {base}'s speed, and even a bare "
+                         f"{matmul_n}² matmul runs only {bare[p]:.2f}× faster in {p} here: "
+                         f"torch has no fast {p} kernel on this {device}.")
+    return "\n".join(lines)
+
+
+def _present(precision: str) -> str:
+    feats = cpu_features()
+    return ", ".join(f for f in UNITS[precision] if feats[f])

@@ -66,3 +66,42 @@ def test_has_units_reads_the_cpu_flags_for_each_precision(monkeypatch):
     assert hardware.has_units("fp32")
     with pytest.raises(ValueError, match="'fp8'.*accepted"):
         hardware.has_units("fp8")
+
+
+def test_training_speed_times_each_size_and_precision_through_mplab_train():
+    table = bench.training_speed(sizes=({"hidden_size": 64, "num_hidden_layers": 1},),
+                                 precisions=("fp32", "bf16"), device="cpu", steps=2,
+                                 batch_size=4)
+    fp32, bf16 = table.rows
+    assert (fp32["precision"], bf16["precision"]) == ("fp32", "bf16")
+    assert fp32["matmuls ran in"] == "float32" and bf16["matmuls ran in"] == "bfloat16"
+    assert fp32["speed vs fp32"] == 1.0
+    assert bf16["speed vs fp32"] == pytest.approx(fp32["ms per step"] / bf16["ms per step"])
+    assert fp32["hidden"] == 64 and fp32["parameters"] > 0
+    with pytest.raises(ValueError, match="steps must be an integer >= 2"):
+        bench.training_speed(steps=1)
+    with pytest.raises(ValueError, match="multiple of 64, got 100"):
+        bench.training_speed(sizes=({"hidden_size": 100},), steps=2)
+
+
+def speeds(bf16_speed, hidden=128):
+    return Table([{"hidden": hidden, "layers": 2, "precision": p, "speed vs fp32": s,
+                   "device": "cpu"} for p, s in (("fp32", 1.0), ("bf16", bf16_speed))])
+
+
+def test_the_training_speed_explanation_names_the_units_and_the_matrix_size(monkeypatch):
+    monkeypatch.setattr(bench, "has_units", lambda precision: True)
+    monkeypatch.setattr(bench, "_present", lambda precision: "amx_bf16")
+    timings = {"fp32": 4.0, "bf16": 1.0}  # the bare matmul: bf16 4x faster
+    monkeypatch.setattr(bench, "time_matmul", lambda n, p, device, budget_s: bench.MatmulTiming(
+        p, n, device, timings[p], 1))
+    small = bench.explain_training_speed(speeds(0.8))
+    assert "0.80× fp32's speed" in small and "too small (128 wide)" in small
+    assert "runs 4.0× faster in bf16" in small and "amx_bf16" in small
+    big = bench.explain_training_speed(speeds(1.9, hidden=512))
+    assert "1.9× faster" in big and "big enough" in big
+    monkeypatch.setattr(bench, "has_units", lambda precision: False)
+    none = bench.explain_training_speed(speeds(0.1))
+    assert "10× slower" in none and "no bf16 units" in none
+    with pytest.raises(ValueError, match="empty"):
+        bench.explain_training_speed(Table([]))

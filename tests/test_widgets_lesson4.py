@@ -14,12 +14,6 @@ from mplab.widgets.lesson4 import training_panel
 TINY = {"batch_size": 8, "eval_samples": 16, "warmup_steps": 0}
 
 
-def rows(panel) -> list[list[str]]:
-    found = re.findall(r"<tr>(.*?)</tr>", panel.table.value)
-    return [[re.sub(r"<.*?>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r)]
-            for r in found]
-
-
 def test_pressing_train_runs_mplab_train_and_adds_a_row():
     panel = training_panel(steps=3, precision="fp32", device="cpu", **TINY)
     assert "No runs yet" in panel.table.value
@@ -30,9 +24,11 @@ def test_pressing_train_runs_mplab_train_and_adds_a_row():
     direct = train(precision="fp32", device="cpu", steps=3, progress=False, **TINY)
     assert result.losses == direct.losses  # the same seeded run, bit for bit
     assert result.compute_dtype == torch.float32
-    (row,) = rows(panel)
-    assert row[:5] == ["1", "fp32", row[2], "float32", "3"]
-    assert row[5] == f"{direct.final_loss:.4f}" and row[8] == "1.00×"
+    (row,) = panel.rows
+    assert (row["run"], row["precision"], row["matmuls ran in"], row["steps"]) == (
+        1, "fp32", "float32", 3)
+    assert row["final loss"] == f"{direct.final_loss:.4f}" and row["vs fp32"] == "1.00×"
+    assert f"<td style=\"padding:1px 8px\">{row['final loss']}</td>" in panel.table.value
     assert bytes(panel.plot.value).startswith(b"\x89PNG")
 
 
@@ -43,8 +39,10 @@ def test_a_bf16_run_sits_beside_the_fp32_one_with_its_observed_dtype():
     panel.button.click()
     assert [r.precision for r in panel.results] == ["fp32", "bf16"]
     assert panel.results[1].compute_dtype == torch.bfloat16
-    table = rows(panel)
-    assert table[1][3] == "bfloat16" and table[1][8].endswith("×")
+    bf16 = panel.rows[1]
+    assert bf16["matmuls ran in"] == "bfloat16"
+    speedup = panel.results[1].samples_per_s / panel.results[0].samples_per_s
+    assert bf16["vs fp32"] == f"{speedup:.2f}×"
     panel.clear.click()
     assert panel.results == [] and "No runs yet" in panel.table.value
 

@@ -18,6 +18,7 @@ import ipywidgets as widgets
 import torch
 
 from mplab import plots
+from mplab._display import Table
 from mplab.train import (
     PRECISIONS,
     NonFiniteLossError,
@@ -45,8 +46,9 @@ class TrainingPanel(widgets.VBox):
     :func:`training_panel`.
 
     Outputs: `plot` (the loss of every run so far, live during a run), `table` (one row per
-    run: speed, memory, final loss, accuracy, the dtype the matmuls ran in), `message`
-    (warnings and errors), `progress`. `results` is the list of TrainResults.
+    run: speed, memory, final loss, accuracy, the dtype the matmuls ran in; the same rows as
+    data in `rows`, a Table), `message` (warnings and errors), `progress`. `results` is the
+    list of TrainResults.
     """
 
     def __init__(self, steps: int = 60, precision: str = "bf16", device: str = "auto",
@@ -137,31 +139,40 @@ class TrainingPanel(widgets.VBox):
     def _render(self) -> None:
         self.plot.value = png(plots.loss_curves_plot(self._runs(), pyplot=False)) if (
             self.results) else b""
-        self.table.value = _table_html(self.results)
+        self.rows = comparison(self.results)
+        self.table.value = _table_html(self.rows)
 
 
-def _table_html(results: list[TrainResult]) -> str:
-    if not results:
-        return '<span style="color:#666">No runs yet: press "train".</span>'
+def comparison(results: list[TrainResult]) -> Table:
+    """One row per run, each against the first fp32 run (`TrainResult.versus`): what the
+    panel's table shows, as data."""
     fp32 = next((r for r in results if r.precision == "fp32" and r.samples_per_s), None)
-    head = ["run", "precision", "device", "matmuls ran in", "steps", "final loss",
-            "accuracy", "samples/s", "vs fp32", "peak memory", "skipped (fp16)"]
-    th = "".join(f'<th style="padding:1px 8px;text-align:left">{h}</th>' for h in head)
     rows = []
     for i, r in enumerate(results):
-        speed = f"{r.samples_per_s / fp32.samples_per_s:.2f}×" if fp32 and r.samples_per_s else "–"
-        cells = [i + 1, r.precision, html.escape(r.device_name or r.device),
-                 str(r.compute_dtype).removeprefix("torch.") if r.compute_dtype else "–",
-                 len(r.losses), f"{r.final_loss:.4f}" if r.losses else "–",
-                 "–" if r.eval_accuracy is None else f"{r.eval_accuracy:.3f}",
-                 f"{r.samples_per_s:.1f}", speed,
-                 f"{r.peak_memory_bytes / 2**20:.0f} MiB ({html.escape(r.peak_memory_kind)})",
-                 len(r.skipped_steps) if r.precision == "fp16" else "–"]
-        rows.append("<tr>" + "".join(f'<td style="padding:1px 8px">{c}</td>' for c in cells)
-                    + "</tr>")
+        speed = r.versus(fp32)["speedup"] if fp32 and r.samples_per_s else None
+        rows.append({
+            "run": i + 1, "precision": r.precision, "device": r.device_name or r.device,
+            "matmuls ran in": str(r.compute_dtype).removeprefix("torch.") if r.compute_dtype
+            else "–",
+            "steps": len(r.losses), "final loss": f"{r.final_loss:.4f}" if r.losses else "–",
+            "accuracy": "–" if r.eval_accuracy is None else f"{r.eval_accuracy:.3f}",
+            "samples/s": f"{r.samples_per_s:.1f}",
+            "vs fp32": "–" if speed is None else f"{speed:.2f}×",
+            "peak memory": f"{r.peak_memory_bytes / 2**20:.0f} MiB ({r.peak_memory_kind})",
+            "skipped (fp16)": len(r.skipped_steps) if r.precision == "fp16" else "–"})
+    return Table(rows)
+
+
+def _table_html(table: Table) -> str:
+    if not table.rows:
+        return '<span style="color:#666">No runs yet: press "train".</span>'
+    th = "".join(f'<th style="padding:1px 8px;text-align:left">{html.escape(h)}</th>'
+                 for h in table.columns)
+    rows = "".join("<tr>" + "".join(f'<td style="padding:1px 8px">{html.escape(str(c))}</td>'
+                                    for c in row.values()) + "</tr>" for row in table)
     return ('<table style="border-collapse:collapse;font-size:12px">'
             f'<thead><tr style="border-bottom:1px solid #999">{th}</tr></thead>'
-            f"<tbody>{''.join(rows)}</tbody></table>")
+            f"<tbody>{rows}</tbody></table>")
 
 
 def training_panel(steps: int = 60, precision: str = "bf16", device: str = "auto",
