@@ -17,8 +17,8 @@ import torch  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 
 from mplab import models  # noqa: E402
-from mplab.scaler import GradScaler as MplabGradScaler  # noqa: E402
 from mplab.hardware import cpu_features  # noqa: E402
+from mplab.scaler import GradScaler as MplabGradScaler  # noqa: E402
 from mplab.train import (  # noqa: E402
     NonFiniteLossError,
     TrainConfig,
