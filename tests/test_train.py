@@ -271,9 +271,9 @@ def test_torchrun_with_two_processes_matches_one_process_on_the_same_global_batc
     """Each process takes half of every global batch; DDP averages the gradients."""
     out = tmp_path / "ddp.json"
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "mplab.train",
-         "--device", "cpu", "--steps", "4", "--batch-size", "4", "--eval-samples", "0",
-         "--no-progress", "--json", str(out)],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "mplab.train", "--device", "cpu", "--steps", "4", "--batch-size", "4",
+         "--eval-samples", "0", "--no-progress", "--json", str(out)],
         capture_output=True, text=True, env=env(), cwd=ROOT, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("mplab.train: fp32 on cpu") == 1  # only rank 0 prints
