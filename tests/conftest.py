@@ -1,9 +1,35 @@
-"""What the exercise tests share: a fresh learner session, and cells run as Jupyter runs them."""
+"""What the exercise tests share: every lesson's exercises (found, not listed), a fresh learner
+session, cells run as Jupyter runs them, and the assertion that feedback explains."""
 
 import ast
+import functools
+import importlib
+import pkgutil
+import re
 import sys
 
 import pytest
+
+import mplab.exercises
+
+
+@functools.cache
+def lessons() -> list:
+    """Every lesson module, mplab/exercises/lesson*.py, in lesson order."""
+    names = [m.name for m in pkgutil.iter_modules(mplab.exercises.__path__)
+             if re.fullmatch(r"lesson\d+", m.name)]
+    return [importlib.import_module(f"mplab.exercises.{name}")
+            for name in sorted(names, key=lambda name: int(name.removeprefix("lesson")))]
+
+
+def exercise_ids() -> list[str]:
+    """Every exercise id of every lesson, in order."""
+    return [xid for lesson in lessons() for xid in lesson.EXERCISES]
+
+
+def lesson_of(xid: str):
+    """The lesson module an exercise id ("3.2") belongs to."""
+    return importlib.import_module(f"mplab.exercises.lesson{xid.split('.')[0]}")
 
 
 @pytest.fixture(autouse=True)
@@ -14,6 +40,17 @@ def fresh_session(monkeypatch):
     for name, module in list(sys.modules.items()):
         if name.startswith("mplab.exercises.lesson") and hasattr(module, "LESSON"):
             module.LESSON.reset()
+
+
+def notebook_names(xid: str) -> dict:
+    """What the earlier cells of an exercise's notebook define that its cells use: `ex`, the
+    lesson module, and in lesson 2 the capture `cap`."""
+    names = {"ex": lesson_of(xid)}
+    if xid.startswith("2."):
+        from mplab import ranges  # the notebook's cap = ranges.lesson_capture() (cached)
+
+        names["cap"] = ranges.lesson_capture()
+    return names
 
 
 def run_cell(source: str, **names):
@@ -30,11 +67,15 @@ def run_cell(source: str, **names):
     return eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace), namespace
 
 
-def failed_saying(result, *words):
-    """Assert a check failed (0 points) and its feedback mentions each of `words`."""
+def failed_saying(result, *words, hiding=()):
+    """Assert a check failed (0 points), its feedback mentions each of `words` (the concept
+    missed), gives away none of `hiding` (the answer) and shows no traceback."""
     assert result.status == "failed" and result.points == 0, result
     for w in words:
         assert w.lower() in result.message.lower(), result.message
+    for text in hiding:
+        assert text not in result.message, f"the feedback gives away {text!r}: {result.message}"
+    assert "Traceback" not in result.message
     return result.message
 
 

@@ -8,6 +8,10 @@ exposes its methods, so a notebook writes::
     ex.hint("1.2")            # one more hint per call: concept -> API -> nearly the answer
     ex.solution("1.2")        # the reference cell (the grader's report notes the reveal)
 
+The library is the one source of what a notebook shows for an exercise: the markdown cell right
+before its cell is ``Lesson.task_markdown(id)`` (the title and the whole task), and the cell is
+the exercise's starter. ``python -m mplab.exercises.sync NOTEBOOK...`` rewrites them from here.
+
 Every call returns a :class:`Result`, which prints as text and renders as a coloured box in
 Jupyter. ``check`` never raises for anything a learner passes: a blank answer (``...`` or
 None) is "not attempted", a wrong one "failed" with the concept that was missed, and an
@@ -30,8 +34,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = ["Result", "Exercise", "Lesson", "Incorrect", "STATUSES", "is_blank", "blank_dict",
-           "blank_function", "need_function", "cell", "grading", "as_number", "call",
-           "GRADING_ENV", "GRADE_LOG_ENV", "CELL_METADATA_KEY"]
+           "blank_function", "need_function", "cell", "choice_list", "python_block", "grading",
+           "as_number", "call", "GRADING_ENV", "GRADE_LOG_ENV", "CELL_METADATA_KEY"]
 
 #: The statuses a check can end in (hint() and solution() results use "hint" and "solution").
 STATUSES = ("passed", "failed", "not attempted", "error")
@@ -145,6 +149,17 @@ def cell(comment: str, body: str, id: str, arg: str = "answer") -> str:
     return f'# {comment}\n{body}\nex.check("{id}", {arg})'
 
 
+def choice_list(choices: dict[str, str]) -> str:
+    """Lettered choices as a markdown list, one per line: ``- (a) ...``."""
+    return "\n".join(f"- ({letter}) {text}" for letter, text in choices.items())
+
+
+def python_block(source: str) -> str:
+    """Code to read (to fix, convert or compare) as a fenced markdown block."""
+    code = source.strip("\n")
+    return f"```python\n{code}\n```"
+
+
 def grading() -> bool:
     """True inside the grader's kernel, where hidden checks run too."""
     return os.environ.get(GRADING_ENV, "") not in ("", "0")
@@ -191,10 +206,13 @@ Check = Callable[[Any], "str | None"]  # the reason an answer is wrong, or None 
 class Exercise:
     """One graded exercise.
 
-    `check` returns why an answer is wrong (in the lesson's voice, naming the concept missed,
-    never the answer) or None; it may raise :class:`Incorrect`. `hidden` runs the same way
-    but only when grading. `starter` is the exact notebook cell a learner sees, and
-    `solution_code` that cell filled in with the reference answer.
+    `prompt` is the whole task in markdown, in the lesson's voice, as the notebook shows it
+    under the title (:meth:`Lesson.task_markdown`): what to answer or write (with the
+    signature), and any choices (:func:`choice_list`) or code to fix (:func:`python_block`), so
+    that it reads complete without running anything. `check` returns why an answer is wrong
+    (naming the concept missed, never the answer) or None; it may raise :class:`Incorrect`.
+    `hidden` runs the same way but only when grading. `starter` is the exact notebook cell a
+    learner sees, and `solution_code` that cell filled in with the reference answer.
     """
 
     id: str
@@ -262,6 +280,12 @@ class Lesson:
                       code=ex.solution_code)
 
     # --- for notebook authors ---------------------------------------------------------------------
+    def task_markdown(self, id) -> str:
+        """The markdown cell a notebook shows right before the exercise's cell: a heading with
+        its id and title, then its whole task (``Exercise.prompt``)."""
+        ex = self.get(id)
+        return f"### Exercise {ex.id} — {ex.title}\n\n{ex.prompt}"
+
     def exercise_cells(self) -> list[tuple[str, str]]:
         """(id, starter source) for each exercise, in order."""
         return [(e.id, e.starter) for e in self.exercises.values()]

@@ -287,8 +287,9 @@ _ANSWER_1_4 = "{" + ", ".join(f'{x!r}: "{better_format(x)}"' for x in NUMBERS_1_
 EXERCISES = {e.id: e for e in [
     Exercise(
         id="1.1", title="Decode an fp16 pattern by hand",
-        prompt="The fp16 bit pattern `1 10010 1010000000` (sign, exponent, mantissa): which "
-               "number does it store? Give the exact value.",
+        prompt="What number does the fp16 bit pattern `1 10010 1010000000` (sign, exponent, "
+               "mantissa) stand for? Work it out by hand from the three fields, and give the "
+               "exact value.",
         starter=cell("1.1: the fp16 pattern 1 10010 1010000000 is which number? (exact)",
                       "answer = ...  # a number, e.g. -2.5 or 2**-3", "1.1"),
         solution_code=cell(
@@ -309,8 +310,10 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="1.2", title="fp16's largest finite value",
-        prompt="Work out fp16's largest finite value from its fields (5 exponent bits, 10 "
-               "mantissa bits, bias 15). Some documentation says 65535; is that right?",
+        prompt="A long-lived documentation page of a popular library says fp16's largest "
+               "value is 65535. Work out the real largest finite fp16 value from its fields (5 "
+               "exponent bits, 10 mantissa bits, bias 15), remembering which exponent pattern "
+               "is reserved, and give the exact value.",
         starter=cell("1.2: fp16's largest finite value, from its fields (exact)",
                       "answer = ...  # a number", "1.2"),
         solution_code=cell(
@@ -328,8 +331,9 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="1.3", title="The smallest positive fp16 number",
-        prompt="What is the smallest positive number fp16 can store? (Checked with a relative "
-               f"tolerance of {REL_1_3:g}.)",
+        prompt="Below the smallest *normal* number, subnormals keep going. What is the "
+               "smallest positive number fp16 can hold? A decimal or a power of two (`2**k`) "
+               f"is fine: it is checked with a relative tolerance of {REL_1_3:g}.",
         starter=cell(f"1.3: the smallest positive fp16 number (relative tolerance {REL_1_3:g})",
                       "answer = ...  # a number; 2**k notation is fine", "1.3"),
         solution_code=cell(
@@ -347,8 +351,10 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="1.4", title="Range vs precision: fp16 or bf16?",
-        prompt="For each number, which format stores it more precisely (closer to the true "
-               "value), \"fp16\" or \"bf16\"?",
+        prompt="For each of the numbers " + ", ".join(f"`{x!r}`" for x in NUMBERS_1_4)
+               + ", say which of `\"fp16\"` and `\"bf16\"` stores it more precisely (with the "
+               "smaller error). Think about range first, then precision, and check your "
+               "reasoning in the explorer afterwards, not before.",
         starter=cell("1.4: which format stores each number more precisely, \"fp16\" or "
                       "\"bf16\"?", f"answer = {_DICT_1_4}", "1.4"),
         solution_code=cell(
@@ -370,9 +376,12 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="1.5", title="A general decoder", points=2,
-        prompt="Write `decode(bits, exp_bits, man_bits, bias)` that returns the value of any "
-               "IEEE-style bit pattern: normals, subnormals, signed zeros, infinities and NaN. "
-               "Public checks use fp16 patterns; grading also tries other formats.",
+        prompt="Write `decode(bits, exp_bits, man_bits, bias)`: the value, as a float, of the "
+               "bit pattern `bits` (an int) in any IEEE-style format with `exp_bits` exponent "
+               "bits, `man_bits` mantissa bits and that `bias`; fp16's 1.0 is "
+               "`decode(0x3C00, 5, 10, 15)`. Cover every case: normal numbers, subnormals, "
+               "zeros with their sign (`-0.0`), infinities and NaN. The check compares it with "
+               "`mplab.formats.from_bits` on fp16 patterns; the grader tries more formats.",
         starter=cell("1.5: decode any IEEE-style pattern (normals, subnormals, +-0, +-inf, NaN)",
                       "def decode(bits, exp_bits, man_bits, bias):\n"
                       "    return ...  # the value, as a float", "1.5", arg="decode"),
@@ -409,3 +418,4 @@ hint = LESSON.hint
 solution = LESSON.solution
 exercise_cells = LESSON.exercise_cells
 cells = LESSON.cells
+task_markdown = LESSON.task_markdown

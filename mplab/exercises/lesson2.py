@@ -252,8 +252,9 @@ _ANSWER_2_3 = "{\n" + "".join(f"    {c!r}: {is_swamped(*c)},\n" for c in CASES_2
 EXERCISES = {e.id: e for e in [
     Exercise(
         id="2.1", title="The smallest scale that saves a gradient",
-        prompt=f"A gradient of {G_2_1:g} flushes to 0 in fp16. Which is the smallest loss scale "
-               "2^k that makes it a *normal* fp16 number, with all its significant bits?",
+        prompt=f"A gradient of {G_2_1:g} flushes to 0 in fp16. What is the smallest loss scale "
+               "2^k that makes it a **normal** fp16 number, with all 11 of its significant "
+               "bits? Give the scale itself (such as `2**5`), not k.",
         starter=cell(f"2.1: the smallest 2**k that makes {G_2_1:g} * 2**k a normal fp16 number",
                       "answer = ...  # a scale, e.g. 2**5", "2.1"),
         solution_code=cell(
@@ -271,9 +272,10 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="2.2", title="The largest scale that does not overflow",
-        prompt="For the captured activation gradients (`cap.activation_grads`), which is the "
-               "largest power of two you can scale them by without any of them overflowing "
-               "fp16?",
+        prompt="Scaling too far overflows: scale × max|g| must stay at or below fp16's largest "
+               "finite value, 65504. For this capture's activation gradients "
+               "(`cap.all(\"activation_grads\")` holds them all in one tensor), which is the "
+               "largest power of two you can scale them by without any of them overflowing?",
         starter=cell("2.2: the largest 2**k for which no activation gradient overflows fp16",
                       "answer = ...  # a scale, e.g. 2**5", "2.2"),
         solution_code=cell(
@@ -291,9 +293,10 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="2.3", title="Is the update swamped?",
-        prompt="For each case (weight w, update, format the weight is kept in), predict "
-               "whether `w + update`, stored in that format, is just `w` again: True if the "
-               "update is lost.",
+        prompt=f"For each of the {len(CASES_2_3)} cases in the cell below, a tuple (weight "
+               "`w`, `update`, the format the weight is kept in), predict whether the update "
+               "is lost: `True` if `w + update`, stored in that format, is just `w` again, "
+               "else `False`. Work it out first, then test your guesses with torch.",
         starter=cell("2.3: True if w + update, kept in the format, rounds back to w",
                       f"answer = {_DICT_2_3}", "2.3"),
         solution_code=cell(
@@ -313,9 +316,9 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="2.4", title="The layer that loses most",
-        prompt="Without a loss scale, which layer's activation gradient loses the largest "
-               "share of its nonzero values to fp16 underflow? Give its name as in "
-               "`cap.activation_grads`.",
+        prompt="Which layer's activation gradient loses the **largest share** of its nonzero "
+               "values to fp16 underflow at scale 1 (no loss scale)? Give its name as it "
+               "appears in `cap.activation_grads`.",
         starter=cell("2.4: the layer whose activation gradient loses the largest share of its "
                       "nonzero values in fp16", "answer = ...  # a layer name (a string)", "2.4"),
         solution_code=cell(
@@ -333,10 +336,12 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="2.5", title="Measure the loss yourself", points=2,
-        prompt="Write `lost_fraction(t, dtype, scale)`: the share of t's nonzero finite values "
-               "that become 0 when `t * scale` (computed in fp32) is cast to `dtype`. Use "
-               "torch's casts; return 0.0 when t has no nonzero finite values. Public checks "
-               "use fp16; grading also tries bf16, fp8 and awkward tensors.",
+        prompt="Write the measurement behind this lesson's tables yourself: "
+               "`lost_fraction(t, dtype, scale)` returns the share (from 0 to 1) of the "
+               "tensor `t`'s nonzero finite values that become 0 when `t * scale`, computed "
+               "in fp32, is cast to the torch dtype `dtype` with torch's own cast. Return 0.0 "
+               "when `t` has no nonzero finite values. The check uses fp16; the grader also "
+               "tries bf16, fp8 and awkward tensors.",
         starter=cell("2.5: the share of t's nonzero finite values that (t * scale).to(dtype) "
                       "flushes to 0",
                       "def lost_fraction(t, dtype, scale):\n"
@@ -369,3 +374,4 @@ hint = LESSON.hint
 solution = LESSON.solution
 exercise_cells = LESSON.exercise_cells
 cells = LESSON.cells
+task_markdown = LESSON.task_markdown

@@ -24,8 +24,10 @@ from mplab.exercises import (
     blank_function,
     call,
     cell,
+    choice_list,
     is_blank,
     need_function,
+    python_block,
 )
 
 # --- 3.1 the update rule ----------------------------------------------------------------------
@@ -242,7 +244,7 @@ CHOICES_3_4 = {
     "a": "bf16 has more mantissa bits than fp16, so small gradients keep their precision.",
     "b": "bf16 has fp32's exponent range, so gradients that fp16 flushes to 0 stay nonzero.",
     "c": "Under autocast, backward always runs in fp32, whatever the forward used.",
-    "d": "torch.amp.GradScaler does not support bf16 gradients.",
+    "d": "`torch.amp.GradScaler` does not support bf16 gradients.",
 }
 WHY_NOT_3_4 = {
     "a": "Look again at the fields: bf16 has 7 mantissa bits, fp16 has 10. bf16 is *less* "
@@ -342,10 +344,16 @@ BUGGY_3_3 = f'''def train_step(model, optimizer, scaler, x, y):
 EXERCISES = {e.id: e for e in [
     Exercise(
         id="3.1", title="The update rule",
-        prompt="Write `update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, "
-               "growth_interval)` returning `(new_scale, new_tracker)` exactly as "
-               "torch.amp.GradScaler.update() computes them. Grading adds factors that are not "
-               "powers of two and scales near fp32's limit.",
+        prompt="Write the dynamic loss scaling rule as a function, exactly as torch computes "
+               "it. `update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, "
+               "growth_interval)` is given the scale, the growth tracker (clean iterations in "
+               "a row so far) and whether this iteration's gradients held an inf or NaN; it "
+               "returns `(new_scale, new_tracker)` as `torch.amp.GradScaler.update()` leaves "
+               "them.\n\n"
+               "Two details matter for bit-exactness: torch keeps the scale as an **fp32** "
+               "number (the product is computed in float64 and rounded once to fp32), and it "
+               "never grows the scale to inf. The check compares with torch's own kernel; the "
+               "grader adds factors that are not powers of two and scales near fp32's limit.",
         starter=cell("3.1: one update of the scale and the growth tracker, as torch does it",
                       "def update_scale(scale, tracker, found_inf, growth_factor, "
                       "backoff_factor, growth_interval):\n"
@@ -375,9 +383,11 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="3.2", title="Predict the scale",
-        prompt=f"A GradScaler with {SETTINGS_3_2} sees these iterations in order (\"inf\": a "
-               f"gradient overflowed): {' '.join(EVENTS_3_2)}. What is the scale after the "
-               "last update? Work it out by hand first.",
+        prompt="A GradScaler made with `GradScaler(" + ", ".join(
+                   f"{k}={v!r}" for k, v in SETTINGS_3_2.items()) + ")` sees these "
+               f"iterations, in order: `{' '.join(EVENTS_3_2)}` (\"inf\": a gradient "
+               "overflowed). What is the scale after the last update? Work it out by hand "
+               "first.",
         starter=cell("3.2: the scale after the last update", "answer = ...  # a number",
                       "3.2"),
         solution_code=cell(
@@ -397,9 +407,12 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="3.3", title="Find the bug: clipping before unscaling",
-        prompt="This step clips the gradient norm, but something is wrong:\n\n```python\n"
-               f"{BUGGY_3_3}\n```\n\nWrite the fixed `train_step`. It is checked by running "
-               "3 steps against a correct loop, weights compared bit for bit.",
+        prompt="Gradient clipping and loss scaling are easy to combine wrongly. This training "
+               "step clips the gradient norm, but something is wrong:\n\n"
+               f"{python_block(BUGGY_3_3)}\n\n"
+               "Write the fixed `train_step(model, optimizer, scaler, x, y)`: the same calls, "
+               "in the right order. It is checked by running 3 steps against a correct loop, "
+               "weights compared bit for bit.",
         starter=cell("3.3: the fixed train_step (same calls, right order)",
                       "def train_step(model, optimizer, scaler, x, y):\n"
                       "    return ...  # fix the loop above", "3.3", arg="train_step"),
@@ -423,8 +436,9 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="3.4", title="Why bf16 needs no scaler",
-        prompt="Training with bf16 autocast needs no GradScaler. Why? " + " ".join(
-            f"({k}) {v}" for k, v in CHOICES_3_4.items()),
+        prompt="bf16 autocast is used without a GradScaler. Why does it need none? Pick the "
+               f"reason:\n\n{choice_list(CHOICES_3_4)}\n\n"
+               "Answer with its letter.",
         starter=cell("3.4: \"a\", \"b\", \"c\" or \"d\"", "answer = ...", "3.4"),
         solution_code=cell("3.4: \"a\", \"b\", \"c\" or \"d\"",
                             "answer = \"b\"  # 8 exponent bits, like fp32: nothing to rescue",
@@ -439,10 +453,12 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="3.5", title="Unscale and check, exactly", points=2,
-        prompt="Write `unscale_and_check(grads, inv_scale)`: multiply every gradient tensor in "
-               "`grads` by `inv_scale` (a 0-dim fp32 tensor) in place, and return True if any "
-               "value was inf or NaN. Grading adds bf16 gradients, empty lists and huge finite "
-               "values.",
+        prompt="Write the heart of `unscale_`, the exact inf/NaN check and the in-place "
+               "multiplication: `unscale_and_check(grads, inv_scale)` multiplies every "
+               "gradient tensor in the list `grads` by `inv_scale` (a 0-dim fp32 tensor) in "
+               "place, and returns `True` if any value was inf or NaN, else `False`. It is "
+               "compared with torch's own kernel, bit for bit; the grader adds bf16 "
+               "gradients, empty lists and huge finite values.",
         starter=cell("3.5: multiply each grad by inv_scale in place; True if any inf or NaN",
                       "def unscale_and_check(grads, inv_scale):\n"
                       "    return ...  # True or False", "3.5", arg="unscale_and_check"),
@@ -472,3 +488,4 @@ hint = LESSON.hint
 solution = LESSON.solution
 exercise_cells = LESSON.exercise_cells
 cells = LESSON.cells
+task_markdown = LESSON.task_markdown

@@ -22,8 +22,10 @@ from mplab.exercises import (
     blank_dict,
     call,
     cell,
+    choice_list,
     is_blank,
     need_function,
+    python_block,
 )
 from mplab.trace import FP32_AUTOCAST, LOW, PROMOTE, trace
 
@@ -198,10 +200,10 @@ def _check_4_3(answer) -> str | None:
 # --- 4.4 read the trace -----------------------------------------------------------------------
 
 REASONS_4_4 = {
-    "a": "layer_norm is on CPU autocast's fp32 list.",
+    "a": "`layer_norm` is on CPU autocast's fp32 list.",
     "b": "Its input was already fp32: the residual add of a bf16 output and the fp32 input "
-         "promotes to fp32, and layer_norm runs in the dtype it is given.",
-    "c": "layer_norm has no bf16 kernel on the CPU.",
+         "promotes to fp32, and `layer_norm` runs in the dtype it is given.",
+    "c": "`layer_norm` has no bf16 kernel on the CPU.",
 }
 
 
@@ -258,9 +260,10 @@ def _check_4_4(answer) -> str | None:
 EXERCISES = {e.id: e for e in [
     Exercise(
         id="4.1", title="Order the calls",
-        prompt="One iteration of the course's fp16 loop is five calls: "
-               + "; ".join(f"`{k}`: `{v}`" for k, v in CALLS.items())
-               + ". Put the names in the order they run.",
+        prompt="One iteration of the course's fp16 loop is five calls, named here:\n\n"
+               + "\n".join(f"- `{k}`: `{v}`" for k, v in CALLS.items())
+               + "\n\nPut the five names in the order they run, as a list. Your order is run "
+               "with torch: if torch refuses it, you see torch's own error.",
         starter=cell("4.1: the five calls of one iteration, in order",
                       f"answer = {SHUFFLED_4_1!r}  # reorder this list", "4.1"),
         solution_code=cell(
@@ -278,8 +281,11 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="4.2", title="Make a loop mixed precision",
-        prompt="Turn this fp32 step into the course's fp16 step, using the `scaler` it is "
-               f"given:\n\n```python\n{FP32_STEP}\n```",
+        prompt="Turn this fp32 training step into the course's fp16 step, using the `scaler` "
+               f"it is given (a `torch.amp.GradScaler`):\n\n{python_block(FP32_STEP)}\n\n"
+               "Write the new `train_step(model, optimizer, scaler, x, y)`. It is run for 3 "
+               "steps on a small model on the CPU and compared with the course's loop, "
+               "weights bit for bit.",
         starter=cell("4.2: the fp16 version of train_step (autocast + the given scaler)",
                       "def train_step(model, optimizer, scaler, x, y):\n"
                       "    return ...  # the fp16 version", "4.2", arg="train_step"),
@@ -304,9 +310,10 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="4.3", title="Why does the loss go NaN?",
-        prompt="A model trained in bf16 gives a NaN loss from its very first forward pass in "
-               "fp16 (the table above). Why? " + " ".join(
-                   f"({k}) {v}" for k, v in CHOICES_4_3.items()),
+        prompt="A feed-forward block whose weights came from bf16 training gives a NaN loss "
+               "from its very first forward pass in fp16, but a finite one in fp32 and bf16 "
+               f"(the tables above). Why? Pick the reason:\n\n{choice_list(CHOICES_4_3)}\n\n"
+               "Answer with its letter.",
         starter=cell("4.3: \"a\", \"b\", \"c\" or \"d\"", "answer = ...", "4.3"),
         solution_code=cell("4.3: \"a\", \"b\", \"c\" or \"d\"",
                             "answer = \"b\"  # 66,246 > 65,504: inf, then NaN in LayerNorm",
@@ -321,9 +328,12 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="4.4", title="Read the trace",
-        prompt="In the lesson model's bf16 trace: name one op that autocast **forced** to fp32, "
-               "and say why `native_layer_norm` ran in fp32 too: " + " ".join(
-                   f"({k}) {v}" for k, v in REASONS_4_4.items()),
+        prompt="Read the lesson model's bf16 trace above (`t`). Name one op that autocast "
+               "**forced** to fp32, by its name in the trace (an `aten::` name), and say "
+               "why `native_layer_norm` ran in fp32 too:\n\n"
+               f"{choice_list(REASONS_4_4)}\n\n"
+               "Answer with a dict: `{\"forced\": the op's name, \"layer_norm\": the "
+               "reason's letter}`.",
         starter=cell("4.4: an op autocast forced to fp32, and why layer_norm ran in fp32",
                       "answer = {\"forced\": ..., \"layer_norm\": ...}", "4.4"),
         solution_code=cell(
@@ -347,3 +357,4 @@ hint = LESSON.hint
 solution = LESSON.solution
 exercise_cells = LESSON.exercise_cells
 cells = LESSON.cells
+task_markdown = LESSON.task_markdown

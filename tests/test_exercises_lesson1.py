@@ -1,0 +1,226 @@
+"""Lesson 1's exercises: each reference against mplab.formats and torch's own casts, and the
+feedback a learner's likely mistakes get (the concept missed, never the answer)."""
+
+import math
+
+import pytest
+import torch
+from conftest import failed_saying
+
+from mplab import formats as F
+from mplab.exercises import lesson1 as ex
+
+IDS = list(ex.EXERCISES)
+DTYPE = {(5, 10): torch.float16, (8, 7): torch.bfloat16, (5, 2): torch.float8_e5m2}
+
+
+def torch_decode(bits, exp_bits, man_bits, bias):
+    """A decoder that asks torch: reinterpret the bits as the matching dtype."""
+    dtype = DTYPE[(exp_bits, man_bits)]
+    if dtype.itemsize == 1:
+        return torch.tensor([bits], dtype=torch.uint8).view(dtype).item()
+    signed = bits - (1 << 16) if bits >= 1 << 15 else bits
+    return torch.tensor([signed], dtype=torch.int16).view(dtype).item()
+
+
+def fp16_only_decode(bits, exp_bits, man_bits, bias):
+    """Right for fp16, but ignores the format it is given."""
+    return torch_decode(bits, 5, 10, 15)
+
+
+def test_there_are_five_exercises_worth_six_points():
+    assert IDS == ["1.1", "1.2", "1.3", "1.4", "1.5"]
+    assert sum(e.points for e in ex.EXERCISES.values()) == 6
+
+
+@pytest.mark.parametrize("xid", IDS)
+def test_the_second_hint_names_the_mplab_formats_api(xid):
+    assert "mplab.formats" in ex.EXERCISES[xid].hints[1]
+
+
+def test_hints_do_not_state_the_answer():
+    answers = {"1.1": F.from_bits(ex.P11, "fp16"), "1.2": float(F.FP16.max_finite)}
+    for xid, value in answers.items():
+        for text in ex.EXERCISES[xid].hints:
+            assert f"{value:g}" not in text
+
+
+def test_1_4_task_names_every_number_to_choose_for():
+    prompt = ex.EXERCISES["1.4"].prompt
+    assert all(f"`{x!r}`" in prompt for x in ex.NUMBERS_1_4)
+
+
+def test_1_5_task_gives_the_signature_and_every_case_to_cover():
+    prompt = ex.EXERCISES["1.5"].prompt
+    assert "`decode(bits, exp_bits, man_bits, bias)`" in prompt
+    for case in ["normal", "subnormal", "-0.0", "infinities", "NaN"]:
+        assert case in prompt
+
+
+# --- 1.1 decode a pattern by hand -------------------------------------------------------------
+
+def test_1_1_accepts_the_value_torch_reads_from_the_pattern():
+    value = torch_decode(ex.P11, 5, 10, 15)
+    assert value == F.from_bits(ex.P11, "fp16")
+    assert ex.check("1.1", value).passed
+
+
+def _wrong_1_1():
+    sign, exponent, mantissa = F.field_bits(ex.P11, "fp16")
+    fraction = mantissa / 2**10
+    return [(+(1 + fraction) * 2.0 ** (exponent - 15), "sign"),
+            (-fraction * 2.0 ** (exponent - 15), "hidden leading 1"),
+            (-(1 + fraction) * 2.0**exponent, "bias"),
+            (-(1 + mantissa) * 2.0 ** (exponent - 15), "fraction"),
+            (12345.0, "exactly")]
+
+
+@pytest.mark.parametrize("answer, concept", _wrong_1_1())
+def test_1_1_wrong_answer_names_the_step_that_was_missed(answer, concept):
+    right = F.from_bits(ex.P11, "fp16")
+    failed_saying(ex.check("1.1", answer), concept, hiding=(f"{right:g}", f"{abs(right):g}"))
+
+
+# --- 1.2 the largest finite fp16 --------------------------------------------------------------
+
+def test_1_2_accepts_torch_finfo_max():
+    assert ex.check("1.2", torch.finfo(torch.float16).max).passed
+
+
+@pytest.mark.parametrize("answer, concept", [
+    (2**16 - 1, "unsigned integer"),
+    ((2 - 2**-10) * 2.0**16, "reserved"),
+    (2.0**16, "reserved"),
+    (2.0**15, "mantissa can be all ones"),
+    (math.inf, "finite"),
+    (torch.finfo(torch.bfloat16).max, "bf16"),
+    (-torch.finfo(torch.float16).max, "sign"),
+    (60000, "larger finite"),
+])
+def test_1_2_wrong_answer_explains_the_concept(answer, concept):
+    failed_saying(ex.check("1.2", answer), concept, hiding=("65504", "65,504"))
+
+
+@pytest.mark.parametrize("answer", ["sixty", [65504], True, torch.ones(3)])
+def test_1_2_an_answer_of_the_wrong_type_fails_and_says_what_to_give(answer):
+    failed_saying(ex.check("1.2", answer), "number")
+
+
+# --- 1.3 the smallest positive fp16 -----------------------------------------------------------
+
+def test_1_3_accepts_the_smallest_subnormal_within_the_stated_tolerance():
+    smallest = torch.tensor([1], dtype=torch.int16).view(torch.float16).item()
+    assert smallest == float(F.FP16.min_subnormal) > 0
+    assert ex.check("1.3", smallest).passed
+    assert ex.check("1.3", smallest * (1 + 0.9e-3)).passed
+    assert ex.check("1.3", "2**-24").passed
+
+
+@pytest.mark.parametrize("answer, concept", [
+    (torch.finfo(torch.float16).tiny, "subnormal"),
+    (torch.finfo(torch.float16).eps, "epsilon"),
+    (0, "not positive"),
+    (6e-8, "more significant digits"),
+    (2.0**-26, "rounds it to zero"),
+    (torch.finfo(torch.float32).smallest_normal, "fp32"),
+])
+def test_1_3_wrong_answer_explains_the_concept_and_states_the_tolerance(answer, concept):
+    result = ex.check("1.3", answer)
+    failed_saying(result, concept, hiding=("5.96", "2**-24", "2^-24", "2^(-24)"))
+    assert "relative tolerance of 0.001" in result.message
+
+
+# --- 1.4 fp16 or bf16 -------------------------------------------------------------------------
+
+def torch_error(x: float, dtype) -> float:
+    return abs(torch.tensor(x, dtype=torch.float64).to(dtype).double().item() - x)
+
+
+def test_1_4_reference_agrees_with_torch_casts_and_has_no_ties():
+    reference = {x: ex.better_format(x) for x in ex.NUMBERS_1_4}
+    for x, fmt in reference.items():
+        errors = {"fp16": torch_error(x, torch.float16), "bf16": torch_error(x, torch.bfloat16)}
+        assert errors[fmt] < errors["bf16" if fmt == "fp16" else "fp16"], (x, errors)
+    assert set(reference.values()) == {"fp16", "bf16"}  # both range and precision cases
+    assert ex.check("1.4", reference).passed
+    dtypes = {x: {"fp16": torch.float16, "bf16": torch.bfloat16}[f] for x, f in reference.items()}
+    assert ex.check("1.4", dtypes).passed
+
+
+@pytest.mark.parametrize("x", ex.NUMBERS_1_4)
+def test_1_4_each_wrong_entry_gets_range_or_precision_feedback(x):
+    answer = {k: ex.better_format(k) for k in ex.NUMBERS_1_4}
+    answer[x] = "fp16" if answer[x] == "bf16" else "bf16"
+    result = ex.check("1.4", answer)
+    failed_saying(result, "range" if ex.better_format(x) == "bf16" else "precision")
+    lines = result.message.splitlines()
+    assert lines[0].startswith("1 of 5") and lines[1].startswith(f"- {x!r}")
+    assert "fp16" not in lines[1] and "bf16" not in lines[1]  # the concept, not the answer
+
+
+def test_1_4_partial_or_malformed_answers_fail_and_say_what_is_accepted():
+    partial = {x: ... for x in ex.NUMBERS_1_4} | {0.1: "fp16"}
+    failed_saying(ex.check("1.4", partial), "still blank")
+    failed_saying(ex.check("1.4", {0.1: "fp16"}), "missing")
+    failed_saying(ex.check("1.4", {x: "fp32" for x in ex.NUMBERS_1_4}), 'accepted: "fp16"')
+    failed_saying(ex.check("1.4", ["fp16"]), "dict")
+
+
+# --- 1.5 a general decoder --------------------------------------------------------------------
+
+def test_1_5_a_torch_backed_decoder_passes_public_and_hidden_checks(monkeypatch):
+    result = ex.check("1.5", torch_decode)
+    assert result.passed and result.message.startswith("Public checks passed")
+    monkeypatch.setenv("MPLAB_GRADING", "1")
+    result = ex.check("1.5", torch_decode)
+    assert result.passed and "hidden" in result.message and result.points == 2
+
+
+def test_1_5_hidden_checks_catch_a_decoder_that_only_knows_fp16(monkeypatch):
+    assert ex.check("1.5", fp16_only_decode).passed
+    monkeypatch.setenv("MPLAB_GRADING", "1")
+    result = ex.check("1.5", fp16_only_decode)
+    failed_saying(result, "hidden check")
+
+
+def _without(case):
+    def decode(bits, exp_bits, man_bits, bias):
+        exponent = (bits >> man_bits) & ((1 << exp_bits) - 1)
+        mantissa = bits & ((1 << man_bits) - 1)
+        value = torch_decode(bits, exp_bits, man_bits, bias)
+        if case == "subnormal" and exponent == 0 and mantissa:
+            return value / 2  # the exponent taken as 0 - bias, not 1 - bias
+        if case == "signed zero" and value == 0:
+            return 0.0
+        if case == "NaN" and value != value:
+            return math.inf
+        if case == "infinity" and math.isinf(value):
+            return float(F.FP16.max_finite)
+        return value
+    return decode
+
+
+@pytest.mark.parametrize("case, concept", [
+    ("subnormal", "no hidden 1"), ("signed zero", "-0.0"), ("NaN", "isnan"),
+    ("infinity", "infinity")])
+def test_1_5_a_decoder_that_misses_a_case_is_told_which_concept(case, concept):
+    failed_saying(ex.check("1.5", _without(case)), concept)
+
+
+def test_1_5_a_decoder_that_raises_is_an_error_with_the_exception_not_a_traceback():
+    def decode(bits, exp_bits, man_bits, bias):
+        return 1 / 0
+
+    result = ex.check("1.5", decode)
+    assert result.status == "error" and result.points == 0
+    assert "ZeroDivisionError" in result.message and "Traceback" not in result.message
+
+
+@pytest.mark.parametrize("decode, concept", [
+    (lambda *args: None, "return statement"),
+    (lambda *args: "1.0", "text"),
+    (lambda *args: [1.0], "number"),
+    (1.0, "function itself"),
+])
+def test_1_5_a_decoder_of_the_wrong_shape_fails_with_what_to_do(decode, concept):
+    failed_saying(ex.check("1.5", decode), concept)
