@@ -56,7 +56,10 @@ def train(config: TrainConfig | None = None, *, model=None, tokenizer=None, on_s
                          f"and {sorted(settings)})")
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
+    from .accelerate_path import train_accelerate
     from .torch_path import train_torch
+    from .trainer_path import train_trainer
 
-    paths = {"torch": train_torch}  # TrainConfig has checked `path` against PATHS
+    # TrainConfig has checked `path` against PATHS
+    paths = {"torch": train_torch, "accelerate": train_accelerate, "trainer": train_trainer}
     return paths[config.path](config, model=model, tokenizer=tokenizer, on_step=on_step)

@@ -178,12 +178,17 @@ def global_batches(encoded, size: int, config: TrainConfig, device: torch.device
     every step then averages the same number of reviews.
     """
     while True:
-        seed = config.seed * 100_000 + epoch
+        seed = epoch_seed(config, epoch)
         for index, batch in enumerate(data.batches(encoded, size, seed=seed, device=device,
                                                    drop_last=True, by_length=config.by_length)):
             if index >= position:
                 yield epoch, index, batch
         epoch, position = epoch + 1, 0
+
+
+def epoch_seed(config: TrainConfig, epoch: int) -> int:
+    """The seed of one epoch's order: from the run's seed and the epoch number alone."""
+    return config.seed * 100_000 + epoch
 
 
 def model_inputs(batch: dict, config: TrainConfig) -> dict:

@@ -6,8 +6,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-PATHS = ("torch",)
-LATER_PATHS = ("accelerate", "trainer")  # the next lessons' paths; named in the error
+PATHS = ("torch", "accelerate", "trainer")
 PRECISIONS = ("fp32", "fp16", "bf16")
 SCALERS = ("torch", "mplab")
 SCHEDULES = ("linear", "constant")
@@ -59,10 +58,13 @@ class TrainConfig:
                          "resume", "progress")
 
     def __post_init__(self):
-        _one_of("path", self.path, PATHS,
-                f" (the {' and '.join(map(repr, LATER_PATHS))} paths come in a later lesson)")
+        _one_of("path", self.path, PATHS)
         _one_of("precision", self.precision, PRECISIONS)
         _one_of("scaler", self.scaler, SCALERS)
+        if self.scaler != "torch" and self.path != "torch":
+            raise ValueError(f"scaler={self.scaler!r} is the torch path's choice; the "
+                             f"{self.path} path uses the GradScaler Accelerate builds (torch's), "
+                             "so accepted there: 'torch'")
         _one_of("schedule", self.schedule, SCHEDULES)
         if not isinstance(self.device, str) or not self.device.strip():
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from mplab._display import Table
+from mplab.audit import DTYPE_FIELDS, Audit
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -20,6 +21,11 @@ class TrainResult:
 
     - `compute_dtype`: the dtype the model's first matmul layer was *observed* to produce on
       the first step (a forward hook), which is what the matmuls ran in; not the one asked for.
+      `output_dtype`: the model output's (logits') dtype, observed the same way; `grad_dtype`
+      the gradients' at the first optimizer step; `param_dtype` and `optimizer_state_dtype`
+      the weights' (the master copy) and the optimizer states' at the end.
+    - `audit`: the `mplab.audit.Audit` of the run (prints as a report): whether mixed
+      precision really happened, and each silent fallback, which `warnings` also holds.
     - `losses`: per optimizer step, the mean over its micro-batches (and processes).
     - `scales`: the GradScaler's scale after each step's `update()` (fp16 only, else empty);
       `skipped_steps`: steps whose gradients held an inf/NaN, so the optimizer did not step.
@@ -42,6 +48,10 @@ class TrainResult:
     model: str
     steps: int = 0
     compute_dtype: torch.dtype | None = None
+    output_dtype: torch.dtype | None = None
+    param_dtype: torch.dtype | None = None
+    grad_dtype: torch.dtype | None = None
+    optimizer_state_dtype: torch.dtype | None = None
     losses: list[float] = field(default_factory=list)
     scales: list[float] = field(default_factory=list)
     skipped_steps: list[int] = field(default_factory=list)
@@ -64,11 +74,14 @@ class TrainResult:
     device_name: str = ""
     torch_version: str = torch.__version__
     config: dict = field(default_factory=dict)
+    audit: Audit | None = None
 
     def as_dict(self) -> dict:
-        """Plain types only: the dtype as its name ("bfloat16"), non-finite floats as strings."""
+        """Plain types only: dtypes as their names ("bfloat16"), non-finite floats as strings."""
         out = asdict(self)
-        out["compute_dtype"] = _dtype_name(self.compute_dtype)
+        for key in DTYPE_FIELDS:
+            out[key] = _dtype_name(getattr(self, key))
+        out["audit"] = self.audit.as_dict() if self.audit is not None else None
         out["eval_history"] = [list(pair) for pair in self.eval_history]
         return _json_safe(out)
 
@@ -77,7 +90,9 @@ class TrainResult:
         """The record back from `as_dict()` (or a `--json` file)."""
         known = {f.name for f in fields(cls)}
         data = _from_json_safe({k: v for k, v in data.items() if k in known})
-        data["compute_dtype"] = _DTYPES.get(data.get("compute_dtype"))
+        for key in DTYPE_FIELDS:
+            data[key] = _DTYPES.get(data.get(key))
+        data["audit"] = Audit.from_dict(data["audit"]) if data.get("audit") else None
         data["eval_history"] = [tuple(pair) for pair in data.get("eval_history", [])]
         return cls(**data)
 
@@ -126,6 +141,10 @@ class TrainResult:
             ("path / precision", f"{self.path} / {self.precision}"),
             ("device", f"{self.device} ({self.device_name})" if self.device_name else self.device),
             ("matmuls ran in", _dtype_name(self.compute_dtype) or "-"),
+            ("weights / gradients / optimizer states",
+             " / ".join(_dtype_name(d) or "-" for d in (self.param_dtype, self.grad_dtype,
+                                                        self.optimizer_state_dtype))),
+            ("model output", _dtype_name(self.output_dtype) or "-"),
             ("model", f"{self.model} ({self.parameters:,} parameters)"),
             ("steps", f"{len(self.losses)} of {self.steps}"
                       + (f" (resumed at {self.resumed_from})" if self.resumed_from else "")),

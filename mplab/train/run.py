@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -32,8 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mplab import data
-from mplab.formats import dtype_of
-from mplab.trace import MatmulDtypeProbe
+from mplab.audit import Observer, audit
 
 from .common import (
     NonFiniteLossError,
@@ -43,6 +43,7 @@ from .common import (
     check_precision,
     device_name,
     encoded_splits,
+    epoch_seed,
     global_batches,
     load_model,
     low_precision_cost,
@@ -80,6 +81,44 @@ class StepCounter:
         self._hook.remove()
 
 
+class RunOrder(torch.utils.data.Dataset):
+    """The run's training reviews in the order the torch path trains on them, one epoch at a
+    time, for a `DataLoader(order, batch_size=config.batch_size)` that Accelerate (alone or
+    inside the Trainer) shards over the processes: each process then gets, micro-batch by
+    micro-batch, exactly the rows the torch path gives it, each cut (or padded) to the width
+    of its global batch, so the losses agree. `set_epoch(e)` (which Accelerate's prepared
+    loader passes on) switches to epoch e's order.
+
+    `columns`: the tokenized training split as columns, by row: mplab's encoded tensors (the
+    default) or a Hugging Face dataset's token lists (`dataset[:]`), with a label column.
+    """
+
+    def __init__(self, run: Run, columns: dict | None = None, pad_id: int = 0):
+        self.run, self.pad_id = run, pad_id
+        self.columns = columns if columns is not None else run.train_data
+        self.label = "labels" if "labels" in self.columns else "label"
+        self.keys = ["input_ids"] + (["attention_mask"] if run.config.attention_mask else [])
+        self.set_epoch(run.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.layout = self.run.epoch_layout(epoch)
+
+    def __len__(self) -> int:
+        return len(self.layout)
+
+    def __getitem__(self, i: int) -> dict:
+        row, width = self.layout[i]
+        item = {"labels": torch.as_tensor(self.columns[self.label][row])}
+        for key in self.keys:
+            value = self.columns[key][row]
+            if isinstance(value, torch.Tensor):
+                item[key] = value[:width]
+            else:  # a token list of the review's own length: pad it on the right
+                fill = self.pad_id if key == "input_ids" else 0
+                item[key] = torch.tensor(list(value[:width]) + [fill] * (width - len(value)))
+        return item
+
+
 @dataclass
 class Run:
     """Everything one run holds: settings, processes, model, data, the path's optimizer,
@@ -104,10 +143,14 @@ class Run:
     train_seconds: float = 0.0
     samples: int = 0
     tokens: int = 0
+    accelerator: object = None  # Accelerate's, on the accelerate and trainer paths
+    managed: bool = False      # the Trainer evaluates and saves checkpoints itself
+    save_state: object = None  # the path's own checkpointing of its parts (Accelerate's)
+    load_state: object = None
     _tick: float = 0.0
     _tokens_now: int = 0
     _bar: object = None
-    _probe: MatmulDtypeProbe | None = None
+    _observer: Observer | None = None
 
     @property
     def device(self) -> torch.device:
@@ -163,14 +206,24 @@ class Run:
             world_size=procs.world_size, global_batch_size=global_size,
             device_name=device_name(device), config=config.as_dict())
         run = cls(config, procs, model, tokenizer, train_data, test_data, result, on_step)
+        run._observer = Observer(model)  # what really ran: matmul, output and gradient dtypes
         for note in _setting_notes(config, device):
             run.warn(note)
         return run
 
-    def prepare(self, optimizer, scheduler, scaler, autocast) -> None:
-        """Hand the run the path's parts, then resume from the checkpoint if asked to."""
+    def prepare(self, optimizer, scheduler, scaler, autocast, *, save_state=None,
+                load_state=None) -> None:
+        """Hand the run the path's parts, then resume from the checkpoint if asked to.
+
+        A path that checkpoints its parts itself (Accelerate's `save_state`/`load_state`)
+        gives those two functions, each taking a folder; the run then keeps only its own
+        progress in checkpoint.pt. Otherwise checkpoint.pt holds everything.
+        """
         self.optimizer, self.scheduler, self.scaler = optimizer, scheduler, scaler
         self.autocast = autocast
+        self.save_state, self.load_state = save_state, load_state
+        if self._observer is not None:
+            self._observer.watch(optimizer)
         if not self.config.resume:
             return
         if self._load_checkpoint():
@@ -186,20 +239,31 @@ class Run:
             if not result.eval_history or result.eval_history[-1][0] != self.step:
                 result.eval_history.append((self.step, self.evaluate()))
             result.eval_accuracy = result.eval_history[-1][1]
-        if self.config.checkpoint_dir:
+        if self.config.checkpoint_dir and not self.managed:
             self._save_checkpoint()
         self._figures()
-        asked = None if self.config.precision == "fp32" else dtype_of(self.config.precision)
-        if asked is not None and result.compute_dtype not in (None, asked):
-            self.warn(f"asked for {self.config.precision}, but the matmuls ran in "
-                      f"{result.compute_dtype}: autocast did not act")
+        self.audit()
         return result
+
+    def audit(self) -> None:
+        """Did mixed precision really happen? The audit of the model, optimizer and what was
+        observed goes into the result; each silent fallback it names becomes a warning."""
+        result = self.result
+        autocast = self.autocast if isinstance(self.autocast, torch.autocast) else None
+        found = audit(self.model, self.optimizer, scaler=self.scaler, result=result,
+                      autocast=autocast, accelerator=self.accelerator)
+        result.audit = found
+        result.param_dtype, result.optimizer_state_dtype = (found.param_dtype,
+                                                            found.optimizer_state_dtype)
+        result.grad_dtype = found.grad_dtype
+        for fallback in found.fallbacks:
+            self.warn(fallback)
 
     def _close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        if self._probe is not None:
-            self._probe.remove()
+        if self._observer is not None:
+            self._observer.remove()
 
     # ---- the loop's bookkeeping -----------------------------------------------------------
 
@@ -207,19 +271,47 @@ class Run:
         """Global batches (every process's rows) until `config.steps`; each one is timed from
         here until `record()`."""
         config = self.config
-        self._probe = MatmulDtypeProbe(self.model)
-        self._bar = tqdm(total=config.steps, initial=self.step, unit="step",
-                         desc=f"{config.precision} on {self.device.type}",
-                         disable=not (config.progress and self.procs.main))
-        reset_peak_memory(self.device)
+        self.begin()
         stream = global_batches(self.train_data, self.global_size, config, self.device,
                                 self.epoch, self.position)
         while self.step < config.steps:
             epoch, index, batch = next(stream)
             self.epoch, self.position = epoch, index + 1
-            self._tokens_now = batch["input_ids"].numel()
-            self._tick = time.perf_counter()
+            self.start_step(batch["input_ids"].numel())
             yield batch
+
+    def begin(self) -> None:
+        """The progress bar and the memory count start: training begins."""
+        self._bar = tqdm(total=self.config.steps, initial=self.step, unit="step",
+                         desc=f"{self.config.precision} on {self.device.type}",
+                         disable=not (self.config.progress and self.procs.main))
+        reset_peak_memory(self.device)
+
+    def start_step(self, tokens: int) -> None:
+        """A step begins: its time counts from here until `record()`; `tokens` it computes on
+        (all processes' together)."""
+        self._tokens_now = tokens
+        self._tick = time.perf_counter()
+
+    def loader_batches(self, loader, skip=None) -> Iterator[dict]:
+        """This process's micro-batches from a DataLoader over `RunOrder` (prepared by
+        Accelerate), epoch after epoch, until `config.steps`; each step is timed from its first
+        micro-batch. On a resumed run the first epoch continues where the checkpoint was,
+        through `skip(loader, n)` (Accelerate's `skip_first_batches`)."""
+        config, n = self.config, self.config.accumulation_steps
+        self.begin()
+        epoch, position = self.epoch, self.position
+        while self.step < config.steps:
+            loader.set_epoch(epoch)
+            batches = skip(loader, position * n) if position and skip else loader
+            for index, batch in enumerate(batches, start=position * n):
+                if index % n == 0:
+                    self.epoch, self.position = epoch, index // n + 1
+                    self.start_step(batch["input_ids"].numel() * self.procs.world_size * n)
+                yield batch
+                if self.step >= config.steps:
+                    return
+            epoch, position = epoch + 1, 0
 
     def micro_batches(self, batch: dict, net) -> Iterator[tuple[dict, object]]:
         """This process's rows of a global batch (as DistributedSampler would give them), in
@@ -237,6 +329,24 @@ class Run:
             last = i == n - 1
             yield micro, (net.no_sync() if hasattr(net, "no_sync") and not last
                           else nullcontext())
+
+    def epoch_layout(self, epoch: int) -> list[tuple[int, int]]:
+        """(row, width) of each review of `epoch`, laid out for `RunOrder`: the torch path's
+        global batches in order, each as its micro-batches, each micro-batch as one
+        `batch_size` slice per process (the round-robin order in which Accelerate deals a
+        DataLoader's batches to processes); width: the global batch's longest review."""
+        config, world = self.config, self.procs.world_size
+        lengths = self.train_data["attention_mask"].sum(dim=1)
+        layout = []
+        for rows in data.batch_rows(self.train_data, self.global_size,
+                                    seed=epoch_seed(config, epoch), drop_last=True,
+                                    by_length=config.by_length):
+            width = int(lengths[rows].max())
+            for micro in range(config.accumulation_steps):
+                for rank in range(world):
+                    start = rank * self.per_process + micro * config.batch_size
+                    layout += [(int(r), width) for r in rows[start:start + config.batch_size]]
+        return layout
 
     def check_finite(self, loss: torch.Tensor) -> float:
         """The step's loss, averaged over processes, as a number (one host sync per step);
@@ -273,10 +383,13 @@ class Run:
         postfix = {"loss": f"{loss:.4f}"} | ({"scale": f"{scale:g}"} if scale else {})
         self._bar.set_postfix(postfix, refresh=False)
         self._bar.update()
-        if self.test_data is not None and config.eval_every and self.step % config.eval_every == 0:
-            result.eval_history.append((self.step, self.evaluate()))
-        if config.save_every and self.step % config.save_every == 0 and self.step < config.steps:
-            self._save_checkpoint()
+        if not self.managed:  # the Trainer evaluates and checkpoints on its own schedule
+            if self.test_data is not None and config.eval_every \
+                    and self.step % config.eval_every == 0:
+                result.eval_history.append((self.step, self.evaluate()))
+            if config.save_every and self.step % config.save_every == 0 \
+                    and self.step < config.steps:
+                self._save_checkpoint()
         if self.on_step is not None:
             self.on_step(self.step, result)
 
@@ -291,9 +404,11 @@ class Run:
             warnings.warn(message, TrainWarning, stacklevel=_outside_mplab_train())
 
     def _figures(self) -> None:
-        result = self.result
-        if self._probe is not None and self._probe.dtype is not None:
-            result.compute_dtype = self._probe.dtype
+        result, seen = self.result, self._observer
+        if seen is not None:
+            result.compute_dtype = seen.compute_dtype or result.compute_dtype
+            result.output_dtype = seen.output_dtype or result.output_dtype
+            result.grad_dtype = seen.grad_dtype or result.grad_dtype
         result.seconds = time.perf_counter() - self.started
         result.train_seconds = self.train_seconds
         if self.train_seconds > 0:
@@ -304,22 +419,32 @@ class Run:
     # ---- checkpoints ----------------------------------------------------------------------
 
     def _save_checkpoint(self) -> None:
-        """Everything the next step depends on, written by rank 0 (all ranks hold the same)."""
-        if self.procs.main:
+        """Everything the next step depends on, written by rank 0 (all ranks hold the same).
+        With the path's own `save_state`, its parts go to a folder named for the step, which
+        checkpoint.pt names: a run killed while saving keeps the last good pair."""
+        state = {"format": CHECKPOINT_FORMAT, "config": self.config.as_dict(),
+                 "step": self.step, "epoch": self.epoch, "position": self.position,
+                 "record": {key: list(getattr(self.result, key)) for key in _RECORD}}
+        path = self.config.checkpoint_path
+        if self.save_state is not None:
+            state["parts"] = f"state-{self.step}"
+            self.save_state(str(path.parent / state["parts"]))  # every process: its RNG too
+        else:
             rng = {"torch": torch.get_rng_state()}
             if self.device.type == "cuda":
                 rng["cuda"] = torch.cuda.get_rng_state(self.device)
-            state = {"format": CHECKPOINT_FORMAT, "config": self.config.as_dict(),
-                     "step": self.step, "epoch": self.epoch, "position": self.position,
-                     "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                     "scheduler": self.scheduler.state_dict(),
-                     "scaler": self.scaler.state_dict(), "rng": rng,
-                     "record": {key: list(getattr(self.result, key)) for key in _RECORD}}
-            path = self.config.checkpoint_path
+            state |= {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                      "scheduler": self.scheduler.state_dict(),
+                      "scaler": self.scaler.state_dict(), "rng": rng}
+        self.procs.barrier()
+        if self.procs.main:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(".partial")
             torch.save(state, partial)
             os.replace(partial, path)  # a run killed while saving keeps the last good one
+            for old in path.parent.glob("state-*"):
+                if old.name != state.get("parts"):
+                    shutil.rmtree(old, ignore_errors=True)
         self.procs.barrier()
 
     def _load_checkpoint(self) -> bool:
@@ -337,14 +462,17 @@ class Run:
             raise ValueError(f"cannot resume from {path}: the run's settings changed ({listed})."
                              " A resumed run must be the same run; use the checkpoint's "
                              "settings, or another checkpoint_dir to start afresh")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.scaler.is_enabled():
-            self.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if self.device.type == "cuda" and "cuda" in state["rng"]:
-            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+        if self.load_state is not None:
+            self.load_state(str(path.parent / state["parts"]))
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            if self.scaler.is_enabled():
+                self.scaler.load_state_dict(state["scaler"])
+            torch.set_rng_state(state["rng"]["torch"])
+            if self.device.type == "cuda" and "cuda" in state["rng"]:
+                torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
         for key in _RECORD:
             setattr(self.result, key, [tuple(v) if key == "eval_history" else v
                                        for v in state["record"][key]])
@@ -362,9 +490,15 @@ def _outside_mplab_train() -> int:
     return level
 
 
-def lr_schedule(config: TrainConfig):
-    """Linear warm-up over `warmup_steps`, then (for "linear") a linear decay to 5 % of lr."""
-    def factor(s: int) -> float:
+def lr_schedule(config: TrainConfig, calls_per_step: int = 1):
+    """Linear warm-up over `warmup_steps`, then (for "linear") a linear decay to 5 % of lr.
+
+    `calls_per_step`: how often the scheduler is stepped per optimizer step. Accelerate steps
+    a prepared scheduler once per process (its convention: a schedule counts the steps of one
+    process alone), so the accelerate path gives the number of processes.
+    """
+    def factor(calls: int) -> float:
+        s = calls // calls_per_step
         warm = min(1.0, (s + 1) / config.warmup_steps) if config.warmup_steps else 1.0
         if config.schedule == "constant":
             return warm

@@ -1,0 +1,437 @@
+"""Did mixed precision really happen? One look at a model, its optimizer and its run.
+
+    report = audit(model, optimizer, scaler=scaler, batch=batch, autocast=autocast)
+    report                     # prints as a readable report: verdict, dtypes, silent fallbacks
+    report.compute_dtype       # torch.bfloat16: what the matmuls really ran in (observed)
+    report.fallbacks           # each silent fallback found, in words
+    report.as_dict()           # plain JSON
+
+Asking for mixed precision is not getting it. Accelerate and the Trainer ignore fp16 on a CPU
+without a word; torch disables autocast for a dtype it does not support; a checkpoint saved in
+bf16 loads as bf16 weights, so "mixed" training has no fp32 master weights. The audit looks
+at what is there, and watches what runs:
+
+- the parameters (the master weights), their gradients and the optimizer's states: dtypes by
+  number of elements, read off the tensors;
+- the autocast: device, dtype and whether it is on, from the context you give (or the one
+  Accelerate builds into a prepared model's forward, from `accelerator=`);
+- the dtype the matmuls really ran in and the dtype of the output, *observed*: with `batch=`,
+  one forward (and backward) step under `autocast` watched by hooks, the model and its
+  gradients left as they were; or from a finished run's `result=` (`mplab.train.TrainResult`);
+- the GradScaler: present or not, its scale, the steps it skipped.
+
+`Observer` is the cheap watch a training run keeps for the same answers (mplab.train uses it).
+This module is library-level: it imports torch and mplab's formats and trace, nothing else.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from mplab._display import Table
+from mplab.trace import MatmulDtypeProbe
+
+_LOW = (torch.float16, torch.bfloat16)
+_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+_ASKED = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None, "no": None}
+DTYPE_FIELDS = ("param_dtype", "grad_dtype", "optimizer_state_dtype", "compute_dtype",
+                "output_dtype")
+
+
+class Observer:
+    """What a model really does while it trains, seen by hooks at almost no cost: the dtype its
+    matmuls run in and its output's dtype (first forward pass), and its gradients' dtype (at
+    the optimizer's first step, before zero_grad clears them). Call `remove()` when done."""
+
+    def __init__(self, model: torch.nn.Module, optimizer=None):
+        self._matmul = MatmulDtypeProbe(model)
+        self.output_dtype: torch.dtype | None = None
+        self.grad_dtypes: dict[torch.dtype, int] = {}
+        self._hooks = [model.register_forward_hook(self._output)]
+        if optimizer is not None:
+            self.watch(optimizer)
+
+    @property
+    def compute_dtype(self) -> torch.dtype | None:
+        return self._matmul.dtype
+
+    @property
+    def grad_dtype(self) -> torch.dtype | None:
+        return _majority(self.grad_dtypes)
+
+    def watch(self, optimizer) -> None:
+        """Also read the gradients' dtypes when `optimizer` first steps."""
+        self._hooks.append(_unwrap_optimizer(optimizer).register_step_pre_hook(self._grads))
+
+    def _output(self, module, args, output) -> None:
+        tensor = _first_float(output)
+        if tensor is not None and self.output_dtype is None:
+            self.output_dtype = tensor.dtype
+
+    def _grads(self, optimizer, args, kwargs) -> None:
+        if not self.grad_dtypes:
+            self.grad_dtypes = _by_dtype(p.grad for g in optimizer.param_groups
+                                         for p in g["params"] if p.grad is not None)
+
+    def remove(self) -> None:
+        self._matmul.remove()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+@dataclass
+class Audit:
+    """What one audit found. Dtypes are torch dtypes (None: nothing to look at); `*_dtypes`
+    count elements per dtype name; `fallbacks` name each silent fallback, `notes` explain
+    what is normal but surprising."""
+
+    param_dtype: torch.dtype | None = None
+    grad_dtype: torch.dtype | None = None
+    optimizer_state_dtype: torch.dtype | None = None
+    compute_dtype: torch.dtype | None = None
+    output_dtype: torch.dtype | None = None
+    asked: str | None = None            # the precision asked for: "fp16", "bf16", "fp32"
+    autocast: dict | None = None        # {"device", "dtype", "enabled", "by"}; None: none given
+    scaler: dict | None = None          # {"enabled", "scale", "skipped_steps"}; None: no scaler
+    param_dtypes: dict[str, int] = field(default_factory=dict)
+    grad_dtypes: dict[str, int] = field(default_factory=dict)
+    optimizer_state_dtypes: dict[str, int] = field(default_factory=dict)
+    fallbacks: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mixed(self) -> bool:
+        """Mixed precision really happened: low-precision matmuls over fp32 master weights."""
+        return self.compute_dtype in _LOW and self.param_dtype == torch.float32
+
+    @property
+    def verdict(self) -> str:
+        compute, params = _name(self.compute_dtype), _name(self.param_dtype)
+        if self.compute_dtype is None:
+            return "the matmuls were not observed: give batch= (one step is run) or result="
+        if self.mixed:
+            scaled = " with a GradScaler" if self.scaler and self.scaler["enabled"] else ""
+            return f"mixed precision: {compute} matmuls over float32 master weights{scaled}"
+        if self.compute_dtype in _LOW:
+            return f"pure {compute}: the matmuls and the weights are {params}, no fp32 master copy"
+        if self.asked in ("fp16", "bf16"):
+            return (f"{self.asked} was asked for, but everything ran in {compute}: no mixed "
+                    "precision")
+        return f"{compute} throughout: no mixed precision (none was asked for)"
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        for key in DTYPE_FIELDS:
+            out[key] = _name(out[key])
+        if self.autocast:
+            out["autocast"] = {**self.autocast, "dtype": _name(self.autocast["dtype"])}
+        out["mixed"], out["verdict"] = self.mixed, self.verdict
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Audit:
+        data = {k: v for k, v in data.items() if k not in ("mixed", "verdict")}
+        for key in DTYPE_FIELDS:
+            data[key] = _NAMES.get(data.get(key))
+        if data.get("autocast"):
+            data["autocast"] = {**data["autocast"], "dtype": _NAMES.get(data["autocast"]["dtype"])}
+        return cls(**data)
+
+    def table(self) -> Table:
+        rows = [("asked for", self.asked or "-"),
+                ("autocast", _autocast_text(self.autocast)),
+                ("matmuls ran in (observed)", _name(self.compute_dtype) or "not observed"),
+                ("model output", _name(self.output_dtype) or "not observed"),
+                ("weights (master copy)", _breakdown(self.param_dtypes)),
+                ("gradients", _breakdown(self.grad_dtypes) or "none yet"),
+                ("optimizer states", _breakdown(self.optimizer_state_dtypes) or "none yet"),
+                ("GradScaler", _scaler_text(self.scaler))]
+        return Table([{"what": k, "found": v} for k, v in rows],
+                     title=f"mixed precision audit: {self.verdict}")
+
+    def __str__(self) -> str:
+        lines = [str(self.table())]
+        lines += [f"\nSILENT FALLBACK: {f}" for f in self.fallbacks]
+        lines += [f"\nnote: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        import html
+
+        items = [f"<li><b>silent fallback:</b> {html.escape(f)}</li>" for f in self.fallbacks]
+        items += [f"<li>note: {html.escape(n)}</li>" for n in self.notes]
+        return self.table()._repr_html_() + (f"<ul>{''.join(items)}</ul>" if items else "")
+
+
+def audit(model: torch.nn.Module, optimizer=None, *, scaler=None, result=None, batch=None,
+          autocast=None, accelerator=None) -> Audit:
+    """Audit a model, its optimizer and run: see the module docstring.
+
+    `optimizer`: a torch optimizer, or Accelerate's prepared one (its scaler is then found
+    too). `scaler`: a torch.amp.GradScaler or mplab.scaler.GradScaler. `result`: a finished
+    `mplab.train` run (what was asked, the dtypes it observed, its skipped steps). `batch`: a
+    dict for `model(**batch)` (with labels, so a loss is there): one forward and backward step
+    is run and watched, with the model's gradients restored after. `autocast`: the context
+    the forward runs in (`torch.autocast(...)`); none is needed for a model Accelerate
+    prepared, which autocasts in its own forward. `accelerator`: an `Accelerator` (or a
+    Trainer's `trainer.accelerator`): what it was asked for and what it built.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"audit() looks at a torch.nn.Module, got {type(model).__name__}")
+    inner = getattr(model, "module", model)  # DistributedDataParallel's model
+    report = Audit()
+    report.param_dtypes = _named(_by_dtype(inner.parameters()))
+    report.param_dtype = _majority_named(report.param_dtypes)
+    if optimizer is not None:
+        states = _optimizer_states(optimizer)
+        report.optimizer_state_dtypes = _named(_by_dtype(states))
+        report.optimizer_state_dtype = _majority_named(report.optimizer_state_dtypes)
+    if scaler is None:
+        scaler = getattr(optimizer, "scaler", None) or getattr(accelerator, "scaler", None)
+    report.scaler = _scaler_state(scaler, result)
+    report.autocast = _autocast_state(autocast, accelerator, inner)
+    report.asked = _asked(result, accelerator, report.autocast)
+    grads = _by_dtype(p.grad for p in inner.parameters() if p.grad is not None)
+    if batch is not None:
+        seen = _watch_one_step(model, batch, autocast)
+        report.compute_dtype, report.output_dtype = seen.compute_dtype, seen.output_dtype
+        grads = grads or seen.grad_dtypes
+    elif result is not None:
+        report.compute_dtype = result.compute_dtype
+        report.output_dtype = getattr(result, "output_dtype", None)
+        if not grads and getattr(result, "grad_dtype", None) is not None:
+            grads = {result.grad_dtype: sum(report.param_dtypes.values())}
+    report.grad_dtypes = _named(grads)
+    report.grad_dtype = _majority_named(report.grad_dtypes)
+    report.fallbacks, report.notes = _fallbacks(report, inner, result, accelerator)
+    return report
+
+
+# ---- what the audit reads -------------------------------------------------------------------
+
+def _unwrap_optimizer(optimizer):
+    inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer (or Accelerate's prepared "
+                         f"one), got {type(optimizer).__name__}")
+    return inner
+
+
+def _optimizer_states(optimizer) -> list[torch.Tensor]:
+    """The optimizer's per-parameter state tensors (AdamW's exp_avg, exp_avg_sq), not its
+    scalar step counters."""
+    inner = _unwrap_optimizer(optimizer)
+    return [v for state in inner.state.values() for k, v in state.items()
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and k != "step"
+            and v.dim() > 0]
+
+
+def _scaler_state(scaler, result) -> dict | None:
+    skipped = len(result.skipped_steps) if result is not None else None
+    if scaler is None or not scaler.is_enabled():
+        if result is not None and result.scales:
+            return {"enabled": True, "scale": result.scales[-1], "skipped_steps": skipped}
+        return None
+    return {"enabled": True, "scale": float(scaler.get_scale()), "skipped_steps": skipped}
+
+
+def _autocast_state(autocast, accelerator, model) -> dict | None:
+    if isinstance(autocast, torch.autocast):
+        return {"device": autocast.device, "dtype": autocast.fast_dtype,
+                "enabled": bool(autocast._enabled), "by": "torch.autocast"}
+    if autocast is not None and not isinstance(autocast, nullcontext):
+        raise ValueError(f"autocast must be a torch.autocast(...) context (or None), got "
+                         f"{type(autocast).__name__}")
+    if accelerator is not None:
+        asked = _ASKED.get(str(getattr(accelerator, "mixed_precision", "no")))
+        native = bool(getattr(accelerator, "native_amp", False))
+        return {"device": accelerator.device.type, "dtype": asked if native else None,
+                "enabled": native and asked is not None,
+                "by": "Accelerate, inside the prepared model's forward"}
+    if hasattr(model, "_original_forward"):  # prepared by Accelerate, which autocasts inside
+        return {"device": next(model.parameters()).device.type, "dtype": None, "enabled": True,
+                "by": "Accelerate, inside the prepared model's forward"}
+    return None
+
+
+def _asked(result, accelerator, autocast) -> str | None:
+    if result is not None:
+        return result.precision
+    if accelerator is not None:
+        mode = str(getattr(accelerator, "mixed_precision", "no"))
+        return "fp32" if mode == "no" else mode
+    if autocast is not None and autocast["dtype"] is not None:
+        return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(autocast["dtype"],
+                                                                  _name(autocast["dtype"]))
+    return None
+
+
+def _watch_one_step(model, batch, autocast) -> Observer:
+    """One forward and backward step on `batch`, watched; the gradients are put back after."""
+    if not isinstance(batch, dict) or not batch:
+        raise ValueError(f"batch must be a dict of the model's inputs (model(**batch)), with "
+                         f"'labels' for a loss; got {type(batch).__name__}")
+    params = list(model.parameters())
+    saved = [p.grad for p in params]
+    device = params[0].device if params else torch.device("cpu")
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    seen = Observer(model)
+    was_training = model.training
+    try:
+        with autocast if autocast is not None else nullcontext():
+            output = model(**batch)
+        loss = getattr(output, "loss", None)
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            for p in params:
+                p.grad = None
+            loss.backward()  # outside autocast, as in training
+            seen.grad_dtypes = _by_dtype(p.grad for p in params if p.grad is not None)
+    finally:
+        seen.remove()
+        for p, g in zip(params, saved):
+            p.grad = g
+        model.train(was_training)
+    return seen
+
+
+# ---- what it concludes ----------------------------------------------------------------------
+
+def _fallbacks(report: Audit, model, result, accelerator) -> tuple[list[str], list[str]]:
+    found, notes = [], []
+    asked = _ASKED.get(report.asked) if report.asked else None
+    compute, ac = report.compute_dtype, report.autocast
+    path = getattr(result, "path", None)
+    device = (ac or {}).get("device") or _device_of(model)
+    if asked is not None and compute is not None and compute != asked and compute not in _LOW:
+        who = ("the Trainer (through Accelerate)" if path == "trainer"
+               else "Accelerate" if accelerator is not None or path == "accelerate" else None)
+        if asked == torch.float16 and device == "cpu" and who:
+            found.append(f"fp16 was asked for, but {who} ignores fp16 on a CPU, without a "
+                         f"warning: no autocast, no GradScaler, and the matmuls ran in "
+                         f"{_name(compute)}. This was an fp32 run. On a CPU use bf16; fp16 "
+                         "needs a GPU")
+        elif ac and not ac["enabled"] and ac["dtype"] is not None:
+            pass  # said below, with the reason
+        else:
+            found.append(f"{report.asked} was asked for, but the matmuls ran in "
+                         f"{_name(compute)}: autocast did not act (did the forward pass run "
+                         "inside the autocast context?)")
+    fp32_run = report.asked == "fp32"  # mplab's fp32 runs hold autocast(enabled=False)
+    if ac and ac["by"] == "torch.autocast" and not ac["enabled"] and ac["dtype"] is not None \
+            and not fp32_run and not _autocast_supported(ac["device"], ac["dtype"]):
+        found.append(f"autocast is off: torch does not support {_name(ac['dtype'])} autocast on "
+                     f"{ac['device']} (it disabled it with one UserWarning), so everything ran "
+                     f"in {_name(compute) or 'float32'}. Accepted there: "
+                     f"{', '.join(_name(d) for d in _LOW if _autocast_supported(ac['device'], d))}")
+    if report.param_dtype in _LOW:
+        saved = getattr(getattr(model, "config", None), "dtype", None)
+        how = (f"the checkpoint was saved in {_name(saved)} and loaded as saved (transformers'"
+               " dtype='auto')" if saved in _LOW else "the model was cast to it")
+        found.append(f"the weights are {_name(report.param_dtype)}: {how}, so there are no fp32 "
+                     "master weights and every update is rounded to "
+                     f"{_name(report.param_dtype)}: pure low precision, not mixed. Load or keep "
+                     "the weights in float32 (mplab.models.load_pretrained(..., dtype="
+                     "torch.float32), model.float())")
+    if report.optimizer_state_dtype in _LOW:
+        found.append(f"the optimizer's states are {_name(report.optimizer_state_dtype)}: "
+                     "Adam's running averages lose the small updates they exist to keep; they "
+                     "follow the weights' dtype, so keep the weights in float32")
+    low_run = compute == torch.bfloat16 or (compute is None and asked == torch.bfloat16)
+    if report.scaler and report.scaler["enabled"] and low_run:
+        found.append("a GradScaler is used with bf16: bf16 has fp32's exponent range, so its "
+                     "gradients do not underflow and need no scaling; the scaler only costs "
+                     "time and can skip steps for nothing. Use it with fp16 only")
+    if compute in _LOW and report.output_dtype == torch.float32 and (
+            (ac or {}).get("by", "").startswith("Accelerate") or path in ("accelerate", "trainer")):
+        notes.append(f"the model's output is float32 although its matmuls ran in "
+                     f"{_name(compute)}: Accelerate converts a prepared model's outputs to "
+                     "fp32 (convert_outputs_to_fp32), so the loss is computed in fp32")
+    if not report.grad_dtypes:
+        notes.append("no gradients to look at (none since the last zero_grad); give batch= "
+                     "to run one step")
+    return found, notes
+
+
+def _autocast_supported(device: str, dtype: torch.dtype) -> bool:
+    """Whether torch keeps autocast on for `dtype` on `device` (asked of torch itself)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return bool(torch.autocast(device, dtype=dtype)._enabled)
+        except RuntimeError:
+            return False
+
+
+# ---- small helpers --------------------------------------------------------------------------
+
+def _by_dtype(tensors) -> dict[torch.dtype, int]:
+    counts = Counter()
+    for t in tensors:
+        counts[t.dtype] += t.numel()
+    return dict(counts)
+
+
+def _named(counts: dict[torch.dtype, int]) -> dict[str, int]:
+    return {_name(d): n for d, n in sorted(counts.items(), key=lambda kv: -kv[1])}
+
+
+def _majority(counts: dict) -> torch.dtype | None:
+    return max(counts, key=counts.get) if counts else None
+
+
+def _majority_named(counts: dict[str, int]) -> torch.dtype | None:
+    name = _majority(counts)
+    return _NAMES.get(name, None) if name else None
+
+
+def _first_float(output) -> torch.Tensor | None:
+    """The output's logits (Hugging Face), or its first floating tensor."""
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    items = output if isinstance(output, tuple | list) else (output,)
+    return next((t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point()),
+                None)
+
+
+def _device_of(model) -> str | None:
+    p = next(model.parameters(), None)
+    return p.device.type if p is not None else None
+
+
+def _name(dtype) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _breakdown(counts: dict[str, int]) -> str:
+    total = sum(counts.values())
+    if not total:
+        return ""
+    if len(counts) == 1:
+        return f"{next(iter(counts))} ({total:,} values)"
+    return ", ".join(f"{name} {n / total:.1%}" for name, n in counts.items())
+
+
+def _autocast_text(state: dict | None) -> str:
+    if state is None:
+        return "none given"
+    if not state["enabled"]:
+        asked = f" ({_name(state['dtype'])} asked)" if state["dtype"] is not None else ""
+        return f"off{asked}, {state['by']}"
+    return f"on: {state['device']}, {_name(state['dtype']) or 'its dtype'}, {state['by']}"
+
+
+def _scaler_text(state: dict | None) -> str:
+    if state is None:
+        return "none"
+    skipped = "" if state["skipped_steps"] is None else f", {state['skipped_steps']} skipped steps"
+    return f"on: scale {state['scale']:g}{skipped}"

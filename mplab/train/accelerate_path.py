@@ -1,0 +1,89 @@
+"""Lesson 5's path, Hugging Face Accelerate: the same training, with Accelerate doing the mixed
+precision (autocast inside the prepared model's forward, the GradScaler inside `backward` and
+the prepared optimizer's `step`).
+
+`train_accelerate` below is the whole method; what every path shares (data, progress, timing,
+evaluation, checkpoints, the result) is `Run`'s, in run.py. Under
+`accelerate launch --num_processes N [--cpu] -m mplab.train --path accelerate ...` every
+process runs it and trains its share of each global batch.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+
+import torch
+from torch.utils.data import DataLoader
+
+from .config import TrainConfig
+from .result import TrainResult
+from .run import Run, RunOrder, lr_schedule
+
+MIXED_PRECISION = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}  # mplab's names -> Accelerate's
+
+
+def train_accelerate(config: TrainConfig, model=None, tokenizer=None,
+                     on_step=None) -> TrainResult:
+    """Train as `config` says and return the record; see `mplab.train.train`."""
+    from accelerate import Accelerator
+    from accelerate.utils import GradScalerKwargs
+
+    with Run.start(config, "accelerate", model, tokenizer, on_step) as run, fresh_accelerate():
+        # One object holds the mixed precision: autocast and (for fp16 on a GPU) a GradScaler
+        # built from the same settings the torch path gives torch.amp.GradScaler.
+        accelerator = Accelerator(
+            mixed_precision=MIXED_PRECISION[config.precision],
+            gradient_accumulation_steps=config.accumulation_steps,
+            cpu=run.device.type == "cpu",
+            kwargs_handlers=[GradScalerKwargs(**config.scaler_settings)])
+        model = run.model
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
+                                      weight_decay=config.weight_decay)
+        # Accelerate steps a prepared scheduler once per process at each optimizer step.
+        lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_schedule(config, calls_per_step=accelerator.num_processes))
+        train_dataloader = DataLoader(RunOrder(run), batch_size=config.batch_size)
+        model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
+            model, optimizer, train_dataloader, lr_scheduler)
+        run.accelerator = accelerator
+        run.prepare(optimizer, lr_scheduler, accelerator.scaler,
+                    nullcontext(),  # evaluation: the prepared model autocasts in its forward
+                    save_state=accelerator.save_state, load_state=accelerator.load_state)
+
+        step_loss, norm = 0.0, None
+        for batch in run.loader_batches(train_dataloader, skip=accelerator.skip_first_batches):
+            with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
+                loss = model(**batch).loss
+                accelerator.backward(loss)  # / accumulation_steps, and scaled when fp16 scales
+                step_loss += loss.detach() / config.accumulation_steps
+                if accelerator.sync_gradients:
+                    step_loss = run.check_finite(step_loss)  # stops the run on inf/NaN
+                    if config.max_grad_norm is not None:  # unscales first, once per step
+                        norm = accelerator.clip_grad_norm_(model.parameters(),
+                                                           config.max_grad_norm)
+                optimizer.step()  # acts on the last micro-batch; skips a step with inf/NaN
+                lr_scheduler.step()  # and then this does not step either
+                optimizer.zero_grad()
+            if accelerator.sync_gradients:
+                scaler = accelerator.scaler  # None in fp32, bf16, and fp16 on a CPU
+                run.record(step_loss, skipped=optimizer.step_was_skipped, grad_norm=norm,
+                           scale=scaler.get_scale() if scaler is not None else None)
+                step_loss = 0.0
+        return run.finish()
+
+
+@contextmanager
+def fresh_accelerate():
+    """Accelerate keeps one AcceleratorState per process and refuses an Accelerator with
+    another mixed_precision ("AcceleratorState has already been initialized and cannot be
+    changed, restart your runtime"). A lesson compares precisions in one kernel, so each run
+    starts and ends with a fresh state (the process group, if any, stays)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    try:
+        yield
+    finally:
+        AcceleratorState._reset_state()
+        GradientState._reset_state()
