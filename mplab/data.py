@@ -91,6 +91,23 @@ def load_dataset(name_or_path: str | Path = "sentiment", split: str = "train", *
     return _checked(_load_from_hub(name, split, text_field, label_field))
 
 
+def hf_dataset(name_or_path: str | Path = "sentiment", split: str = "train"):
+    """One split as a Hugging Face `datasets.Dataset`, as the Trainer lessons load it: a shipped
+    name, a folder of `<split>.jsonl` files or a `.jsonl` file through
+    `datasets.load_dataset("json", data_files=...)`; any other name from the hub by the same
+    library (where a hub is reachable, or cached). Its rows are `load_dataset`'s, in order."""
+    found = load_dataset(name_or_path, split)  # the same checks and errors as every path's
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError("the Trainer path loads data through the Hugging Face `datasets` "
+                         "library, which is not installed: pip install -r requirements.txt"
+                         ) from None
+    if Path(found.source).is_file():
+        return datasets.load_dataset("json", data_files={split: found.source}, split=split)
+    return datasets.load_dataset(found.source, split=split)
+
+
 def encode(tokenizer, texts: Sequence[str], labels: Sequence[int] | None = None,
            max_length: int = 64) -> dict[str, torch.Tensor]:
     """Token ids, attention mask and labels as tensors, padded to the longest text.

@@ -81,27 +81,19 @@ class StepCounter:
         self._hook.remove()
 
 
-class RunOrder(torch.utils.data.Dataset):
-    """The run's training reviews in the order the torch path trains on them, one epoch at a
-    time, for a `DataLoader(order, batch_size=config.batch_size)` that Accelerate (alone or
-    inside the Trainer) shards over the processes: each process then gets, micro-batch by
-    micro-batch, exactly the rows the torch path gives it, each cut (or padded) to the width
-    of its global batch, so the losses agree. `set_epoch(e)` (which Accelerate's prepared
-    loader passes on) switches to epoch e's order.
+class Rows(torch.utils.data.Dataset):
+    """Reviews in a given order, each cut (or padded on the right) to a given width: item i is
+    row `layout[i][0]` of `columns` at width `layout[i][1]`, as a dict of tensors.
 
-    `columns`: the tokenized training split as columns, by row: mplab's encoded tensors (the
-    default) or a Hugging Face dataset's token lists (`dataset[:]`), with a label column.
+    `columns`: a tokenized split as columns: mplab's encoded tensors (`data.encode`), or a
+    Hugging Face dataset's token lists (`dataset[:]`); labels as "labels" or "label".
+    `keys`: the model inputs to give besides the labels.
     """
 
-    def __init__(self, run: Run, columns: dict | None = None, pad_id: int = 0):
-        self.run, self.pad_id = run, pad_id
-        self.columns = columns if columns is not None else run.train_data
-        self.label = "labels" if "labels" in self.columns else "label"
-        self.keys = ["input_ids"] + (["attention_mask"] if run.config.attention_mask else [])
-        self.set_epoch(run.epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.layout = self.run.epoch_layout(epoch)
+    def __init__(self, columns: dict, layout: list[tuple[int, int]], keys=("input_ids",),
+                 pad_id: int = 0):
+        self.columns, self.layout, self.keys, self.pad_id = columns, layout, list(keys), pad_id
+        self.label = "labels" if "labels" in columns else "label"
 
     def __len__(self) -> int:
         return len(self.layout)
@@ -113,10 +105,38 @@ class RunOrder(torch.utils.data.Dataset):
             value = self.columns[key][row]
             if isinstance(value, torch.Tensor):
                 item[key] = value[:width]
-            else:  # a token list of the review's own length: pad it on the right
+            else:  # a token list of the review's own length
                 fill = self.pad_id if key == "input_ids" else 0
                 item[key] = torch.tensor(list(value[:width]) + [fill] * (width - len(value)))
         return item
+
+
+class RunOrder(Rows):
+    """The run's training reviews in the order the torch path trains on them, one epoch at a
+    time, for a `DataLoader(order, batch_size=config.batch_size)` that Accelerate (alone or
+    inside the Trainer) shards over the processes: each process then gets, micro-batch by
+    micro-batch, exactly the rows the torch path gives it, each cut (or padded) to the width
+    of its global batch, so the losses agree. `set_epoch(e)` (which Accelerate's prepared
+    loader calls) switches to epoch e's order. `columns`: the run's own encoded tensors by
+    default, or a Hugging Face dataset's columns (see `Rows`).
+    """
+
+    def __init__(self, run: Run, columns: dict | None = None, pad_id: int = 0):
+        self.run = run
+        keys = ["input_ids"] + (["attention_mask"] if run.config.attention_mask else [])
+        super().__init__(columns if columns is not None else run.train_data, [], keys, pad_id)
+        if len(self.columns[self.label]) != len(run.train_data["labels"]):
+            raise ValueError(f"the columns hold {len(self.columns[self.label])} reviews, the "
+                             f"run's training split {len(run.train_data['labels'])}: give the "
+                             "same split")
+        self.set_epoch(run.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.layout = self.run.epoch_layout(epoch)
+
+    def width(self, position: int) -> int:
+        """The width of the epoch's global batch number `position`."""
+        return self.layout[position * self.run.global_size][1]
 
 
 @dataclass
@@ -224,7 +244,7 @@ class Run:
         self.save_state, self.load_state = save_state, load_state
         if self._observer is not None:
             self._observer.watch(optimizer)
-        if not self.config.resume:
+        if not self.config.resume or self.managed:  # the Trainer resumes on its own
             return
         if self._load_checkpoint():
             self.result.resumed_from = self.step
@@ -348,10 +368,12 @@ class Run:
                     layout += [(int(r), width) for r in rows[start:start + config.batch_size]]
         return layout
 
-    def check_finite(self, loss: torch.Tensor) -> float:
-        """The step's loss, averaged over processes, as a number (one host sync per step);
-        a non-finite loss stops the run with `NonFiniteLossError` and the likely cause."""
-        value = self.procs.mean(loss.detach().float()).item()
+    def check_finite(self, loss: torch.Tensor | float) -> float:
+        """The step's loss, averaged over processes, as a number (one host sync per step; a
+        float is taken as averaged already); a non-finite loss stops the run with
+        `NonFiniteLossError` and the likely cause."""
+        value = (float(loss) if not isinstance(loss, torch.Tensor)
+                 else self.procs.mean(loss.detach().float()).item())
         if not math.isfinite(value):
             result = self.result
             result.stopped = non_finite_message(self.step + 1, value, self.config.precision,
@@ -508,7 +530,9 @@ def lr_schedule(config: TrainConfig, calls_per_step: int = 1):
 
 def _setting_notes(config: TrainConfig, device: torch.device) -> list[str]:
     notes = []
-    cost = low_precision_cost(config.precision, device)
+    # Accelerate (alone or in the Trainer) trains fp16 on a CPU in fp32: no fp16 cost to warn of
+    ignored = config.path != "torch" and config.precision == "fp16" and device.type == "cpu"
+    cost = None if ignored else low_precision_cost(config.precision, device)
     if cost:
         notes.append(cost)
     if config.scaler != "torch" and config.precision != "fp16":
