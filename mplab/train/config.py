@@ -26,7 +26,7 @@ class TrainConfig:
     path: str = "torch"
     precision: str = "fp32"
     device: str = "auto"
-    model: str = "lesson"              # "lesson" or a hub name / saved folder
+    model: str = "lesson"              # "lesson", "minilm" (packaged) or a hub name / folder
     dataset: str = "sentiment"
     steps: int = 600                   # optimizer steps
     batch_size: int = 32
@@ -103,7 +103,7 @@ class TrainConfig:
             raise ValueError("resume=True needs checkpoint_dir: the folder holding the "
                              "checkpoint to continue from")
         if not isinstance(self.model, str) or not self.model.strip():
-            raise ValueError(f"model must be 'lesson' or a hub name / saved folder, got "
+            raise ValueError(f"model must be 'lesson', 'minilm' or a hub name / saved folder, got "
                              f"{self.model!r}")
 
     @property

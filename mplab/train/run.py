@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from mplab import data
+from mplab import data, models
 from mplab.audit import Observer, audit
 
 from .common import (
@@ -217,7 +217,12 @@ class Run:
                              f"{config.accumulation_steps} x {procs.world_size} processes), "
                              f"more than the {len(train_set)} in {config.dataset!r}; use a "
                              "smaller batch")
-        model, tokenizer, name = load_model(config, train_set.num_labels, model, tokenizer)
+        with warnings.catch_warnings(record=True) as caught:  # what loading said: the result's
+            warnings.simplefilter("always", models.LoadWarning)
+            model, tokenizer, name = load_model(config, train_set.num_labels, model, tokenizer)
+        notes = [str(w.message) for w in caught if issubclass(w.category, models.LoadWarning)]
+        for other in (w for w in caught if not issubclass(w.category, models.LoadWarning)):
+            warnings.warn(other.message, other.category, stacklevel=2)
         train_data, test_data = encoded_splits(config, tokenizer, train_set)
         model.to(device).train()
         result = TrainResult(
@@ -227,7 +232,7 @@ class Run:
             device_name=device_name(device), config=config.as_dict())
         run = cls(config, procs, model, tokenizer, train_data, test_data, result, on_step)
         run._observer = Observer(model)  # what really ran: matmul, output and gradient dtypes
-        for note in _setting_notes(config, device):
+        for note in notes + _setting_notes(config, device):
             run.warn(note)
         return run
 
