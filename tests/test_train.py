@@ -251,7 +251,7 @@ def test_cli_trains_a_saved_model_from_a_local_folder_and_writes_json(tmp_path):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--path", "accelerate"], "unknown path 'accelerate'; accepted: 'torch'"),
+    (["--path", "keras"], "unknown path 'keras'; accepted: 'torch', 'accelerate', 'trainer'"),
     (["--precision", "fp8"], "unknown precision 'fp8'; accepted: 'fp32', 'fp16', 'bf16'"),
     (["--steps", "0"], "steps must be a positive integer, got 0"),
     (["--device", "tpu"], "unknown device 'tpu'; accepted: 'auto', 'cpu', 'cuda'"),
@@ -287,7 +287,9 @@ def test_torchrun_with_two_processes_matches_one_process_on_the_same_global_batc
 
 @pytest.mark.parametrize("settings, expected", [
     ({"precision": "float8"}, "unknown precision 'float8'; accepted: 'fp32', 'fp16', 'bf16'"),
-    ({"path": "trainer"}, "unknown path 'trainer'; accepted: 'torch' (the 'accelerate' and"),
+    ({"path": "deepspeed"}, "unknown path 'deepspeed'; accepted: 'torch', 'accelerate', "),
+    ({"path": "trainer", "scaler": "mplab"}, "scaler='mplab' is the torch path's choice"),
+    ({"path": "trainer", "init_scale": 1024.0}, "init_scale=1024.0: the Trainer builds its"),
     ({"device": "npu"}, "unknown device 'npu'; accepted: 'auto', 'cpu', 'cuda'"),
     ({"steps": -1}, "steps must be a positive integer, got -1"),
     ({"scaler": "apex"}, "unknown scaler 'apex'; accepted: 'torch', 'mplab'"),

@@ -1,7 +1,8 @@
 """python -m mplab.train: train once and print the key figures (see --help).
 
-Under `torchrun --nproc_per_node N -m mplab.train ...` every process trains its share of each
-batch; only rank 0 prints and writes --json.
+Under `torchrun --nproc_per_node N -m mplab.train ...` (any path) or
+`accelerate launch --multi_gpu --num_processes N -m mplab.train --path accelerate ...` every
+process trains its share of each batch; only rank 0 prints and writes --json.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=d.device, help="auto, cpu or cuda")
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps")
     p.add_argument("--model", default=d.model,
-                   help="'lesson' (the 324k-parameter lesson BERT), a hub name or a folder "
-                        "written by save_pretrained()")
+                   help="'lesson' (the 324k-parameter lesson BERT), 'minilm' (the packaged "
+                        "22.7M-parameter all-MiniLM-L6-v2), a hub name or a folder written by "
+                        "save_pretrained()")
     p.add_argument("--dataset", default=d.dataset)
     p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help="per process and micro-step")

@@ -66,6 +66,14 @@ class TrainConfig:
                              f"{self.path} path uses the GradScaler Accelerate builds (torch's), "
                              "so accepted there: 'torch'")
         _one_of("schedule", self.schedule, SCHEDULES)
+        defaults = {f.name: f.default for f in fields(TrainConfig)}
+        changed = {k: v for k, v in self.scaler_settings.items() if v != defaults[k]}
+        if self.path == "trainer" and changed:
+            listed = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+            raise ValueError(f"{listed}: the Trainer builds its GradScaler with torch's defaults "
+                             "and takes no scaler settings; accepted on the trainer path: the "
+                             "defaults (init_scale=65536.0, growth_factor=2.0, backoff_factor="
+                             "0.5, growth_interval=2000), or path='accelerate' / 'torch'")
         if not isinstance(self.device, str) or not self.device.strip():
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         for name in ("steps", "batch_size", "accumulation_steps", "max_length"):

@@ -10,6 +10,7 @@ Trainer's arguments as closely as the Trainer allows (what differs is said there
 
 from __future__ import annotations
 
+import json
 import tempfile
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -62,7 +63,7 @@ def train_trainer(config: TrainConfig, model=None, tokenizer=None, on_step=None)
                           callbacks=[RecordRun(run, train_dataset)])
         trainer.remove_callback(PrinterCallback)  # the run's progress bar shows the steps
         run.accelerator = trainer.accelerator
-        trainer.train(resume_from_checkpoint=_last_checkpoint(config))
+        trainer.train(resume_from_checkpoint=_last_checkpoint(run))
         return run.finish()
 
 
@@ -256,9 +257,26 @@ def _output_dir(config: TrainConfig):
     return tempfile.TemporaryDirectory(prefix="mplab-trainer-")
 
 
-def _last_checkpoint(config: TrainConfig) -> str | None:
-    if not (config.resume and config.checkpoint_dir):
+def _last_checkpoint(run: Run) -> str | None:
+    """The Trainer's last checkpoint-N folder to resume from (None: start afresh), after
+    checking that the run is the one that wrote it; the run's settings are kept beside."""
+    config = run.config
+    if not config.checkpoint_dir:
         return None
     from transformers.trainer_utils import get_last_checkpoint
 
-    return get_last_checkpoint(config.checkpoint_dir)
+    saved = Path(config.checkpoint_dir) / "mplab_config.json"
+    last = get_last_checkpoint(config.checkpoint_dir) if config.resume else None
+    if last is not None and saved.is_file():
+        changed = config.differences(json.loads(saved.read_text()))
+        if changed:
+            listed = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
+            raise ValueError(f"cannot resume from {last}: the run's settings changed ({listed})."
+                             " A resumed run must be the same run; use the checkpoint's "
+                             "settings, or another checkpoint_dir to start afresh")
+    if config.resume and last is None:
+        run.warn(f"resume: no checkpoint in {config.checkpoint_dir!r} yet, so the run starts "
+                 "at step 0")
+    if run.procs.main:
+        saved.write_text(json.dumps(config.as_dict(), indent=1) + "\n")
+    return last

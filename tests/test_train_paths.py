@@ -1,0 +1,280 @@
+"""mplab.train's Accelerate and Trainer paths: the course's code, on the torch path's batches, so
+that the three paths agree; what fp16 on a CPU really does in each; resume, processes, and the
+Trainer behaviours a lesson has to show (the renamed argument, bf16 needs use_cpu)."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # these tests never reach for the hub
+
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import warnings  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from mplab import models  # noqa: E402
+from mplab.train import TrainResult, TrainWarning, train  # noqa: E402
+from mplab.train.trainer_path import (  # noqa: E402
+    course_arguments_error,
+    renamed,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {"batch_size": 8, "eval_samples": 0, "progress": False, "device": "cpu"}
+# The same learning rate at every step on every path (the Trainer's warm-up differs)
+SAME_LR = {"warmup_steps": 0, "schedule": "constant"}
+
+
+def quiet_train(config=None, **settings) -> TrainResult:
+    """train() with its TrainWarnings silenced; they stay in `result.warnings` for checking."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrainWarning)
+        return train(config, **settings)
+
+
+def env() -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
+
+
+# ---- the three paths agree ------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_torch_accelerate_and_trainer_reach_final_losses_within_2_percent(precision):
+    """Same data, initial weights, seed and precision: 100 steps of the lesson model, in which
+    the loss falls from ~0.70 to ~0.5. The Trainer's one difference left, weight decay that
+    skips biases and LayerNorm weights, is in; the final loss is the mean of the last 10."""
+    settings = {**TINY, "batch_size": 32, "steps": 100, "precision": precision, **SAME_LR}
+    runs = {path: quiet_train(path=path, **settings) for path in ("torch", "accelerate",
+                                                                  "trainer")}
+    torch_run = runs["torch"]
+    for path, run in runs.items():
+        assert run.path == path and len(run.losses) == 100
+        assert sum(run.losses[-10:]) < 0.85 * sum(run.losses[:10])  # it learned something
+        assert run.compute_dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+        change = run.versus(torch_run)["loss_change"]
+        assert abs(change) < 0.02, (path, change)
+        assert run.final_loss == pytest.approx(torch_run.final_loss, rel=0.05)
+    assert runs["accelerate"].losses == torch_run.losses  # the very same arithmetic
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_without_weight_decay_the_trainer_takes_the_torch_paths_steps_exactly(precision):
+    """weight_decay=0 removes the Trainer's one difference: then its AdamW, schedule, batches
+    and loss (a mean over micro-batches) are the torch path's, to rounding."""
+    settings = {**TINY, "batch_size": 16, "steps": 30, "precision": precision,
+                "weight_decay": 0.0, "accumulation_steps": 2, "max_grad_norm": 0.5, **SAME_LR}
+    ours, trainer = quiet_train(path="torch", **settings), quiet_train(path="trainer", **settings)
+    assert trainer.losses == pytest.approx(ours.losses, rel=1e-4)
+    assert trainer.grad_norms == pytest.approx(ours.grad_norms, rel=1e-3)
+
+
+def test_accelerate_trains_on_the_torch_paths_batches_bit_for_bit():
+    """Accumulation, clipping and the schedule's warm-up included: same losses, same norms,
+    same final weights (the DataLoader is the torch path's batches, in order)."""
+    a, b = models.lesson_model(seed=0), models.lesson_model(seed=0)
+    settings = {**TINY, "steps": 6, "accumulation_steps": 2, "max_grad_norm": 0.3,
+                "precision": "bf16", "warmup_steps": 3}
+    ours = quiet_train(model=a, path="torch", **settings)
+    theirs = quiet_train(model=b, path="accelerate", **settings)
+    assert theirs.losses == ours.losses and theirs.grad_norms == ours.grad_norms
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_the_trainers_own_loss_is_multiplied_by_the_accumulation_steps_for_a_classifier(
+        tmp_path):
+    """Upstream behaviour mplab works around (transformers 5.23): the Trainer sees `**kwargs` in
+    BertForSequenceClassification.forward, assumes its loss divides by num_items_in_batch,
+    and so does not divide a plain mean by the accumulation steps. If this test fails, the
+    Trainer has fixed it and trainer_path's `accepts_loss_kwargs = False` can go."""
+    from transformers import Trainer, TrainingArguments
+
+    from mplab.train import TrainConfig
+    from mplab.train.accelerate_path import fresh_accelerate
+    from mplab.train.run import Run, RunOrder
+    from mplab.train.trainer_path import trainer_settings
+
+    config = TrainConfig(path="trainer", steps=2, accumulation_steps=2, **TINY, **SAME_LR)
+    ours = quiet_train(config)
+    with Run.start(config, "trainer") as run, fresh_accelerate():
+        args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                 **trainer_settings(config))
+        trainer = Trainer(model=run.model, args=args, train_dataset=RunOrder(run))
+        trainer.train()  # the course's Trainer, left to its own loss counting
+    logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert trainer.model_accepts_loss_kwargs
+    assert logged == pytest.approx([2 * loss for loss in ours.losses], rel=1e-4)
+
+
+# ---- what fp16 on a CPU really does ---------------------------------------------------------
+
+def test_fp16_on_a_cpu_accelerate_trains_in_fp32_without_a_word_and_mplab_says_so():
+    from accelerate import Accelerator
+
+    from mplab.train.accelerate_path import fresh_accelerate
+
+    with fresh_accelerate():  # the real Accelerate: fp16 asked, nothing built for it
+        accelerator = Accelerator(mixed_precision="fp16", cpu=True)
+        assert accelerator.mixed_precision == "fp16"
+        assert accelerator.scaler is None and not accelerator.native_amp
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with fresh_accelerate():
+            Accelerator(mixed_precision="fp16", cpu=True)
+    assert not [w for w in caught if "fp16" in str(w.message)]  # and says nothing
+    fp16 = quiet_train(path="accelerate", precision="fp16", steps=3, **TINY)
+    fp32 = quiet_train(path="accelerate", precision="fp32", steps=3, **TINY)
+    assert fp16.losses == fp32.losses  # an fp32 run, bit for bit
+    assert fp16.compute_dtype == torch.float32 and fp16.scales == []
+    said = [w for w in fp16.warnings if "Accelerate ignores fp16 on a CPU" in w]
+    assert len(said) == 1 and fp16.audit.fallbacks == said
+    assert not any("fp16 on this CPU is slow" in w for w in fp16.warnings)  # it was not fp16
+
+
+def test_fp16_true_on_a_cpu_the_trainer_raises_nothing_and_trains_in_fp32():
+    from transformers import TrainingArguments
+
+    assert course_arguments_error(fp16=True, use_cpu=True) is None  # no error on 5.23
+    args = TrainingArguments(output_dir="unused", fp16=True, use_cpu=True, report_to="none")
+    assert args.device.type == "cpu"
+    fp16 = quiet_train(path="trainer", precision="fp16", steps=3, **TINY)
+    fp32 = quiet_train(path="trainer", precision="fp32", steps=3, **TINY)
+    assert fp16.losses == fp32.losses and fp16.compute_dtype == torch.float32
+    assert fp16.scales == [] and fp16.skipped_steps == []
+    assert any("the Trainer (through Accelerate) ignores fp16 on a CPU" in w
+               for w in fp16.warnings)
+
+
+def test_bf16_in_the_trainer_autocasts_the_matmuls_and_accelerate_makes_the_output_fp32():
+    result = quiet_train(path="trainer", precision="bf16", steps=2, **TINY)
+    assert result.compute_dtype == torch.bfloat16 and result.output_dtype == torch.float32
+    assert result.param_dtype == result.grad_dtype == torch.float32
+    assert result.optimizer_state_dtype == torch.float32
+    assert result.audit.mixed and result.audit.fallbacks == []
+    assert any("convert_outputs_to_fp32" in n for n in result.audit.notes)
+
+
+# ---- the course's TrainingArguments lines ---------------------------------------------------
+
+def test_the_courses_evaluation_strategy_is_a_type_error_and_eval_strategy_is_its_new_name():
+    from transformers import TrainingArguments
+
+    error = course_arguments_error()  # TrainingArguments(..., evaluation_strategy="epoch")
+    assert error.startswith("TypeError: ")
+    assert "unexpected keyword argument 'evaluation_strategy'" in error
+    arguments, notes = renamed({"evaluation_strategy": "epoch", "fp16": False})
+    assert arguments == {"eval_strategy": "epoch", "fp16": False}
+    assert notes == ["evaluation_strategy='epoch' is now eval_strategy='epoch' (renamed in "
+                     "transformers 4.41, the old name removed in 4.51)"]
+    args = TrainingArguments(output_dir="unused", report_to="none", **arguments)
+    assert args.eval_strategy == "epoch"
+
+
+def test_bf16_on_a_cpu_needs_use_cpu_in_training_arguments():
+    error = course_arguments_error(eval_strategy="epoch", bf16=True)
+    assert error.startswith("ValueError: ") and "You need to assign use_cpu" in error
+    assert course_arguments_error(eval_strategy="epoch", bf16=True, use_cpu=True) is None
+
+
+# ---- data, evaluation and resume ------------------------------------------------------------
+
+def test_the_trainer_loads_a_local_folder_through_datasets_and_evaluates_every_epoch(tmp_path):
+    """200 reviews at batch 16: 12 steps an epoch, so eval_strategy="epoch" evaluates at steps
+    12 and 24, and at the end (step 26) on the last, partial epoch."""
+    from mplab import data
+
+    train_set, test_set = data.load_dataset("sentiment", "train"), data.load_dataset(
+        "sentiment", "test")
+    for split, ds, n in (("train", train_set, 200), ("test", test_set, 60)):
+        lines = [json.dumps({"text": t, "label": y}) for t, y in zip(ds.texts[:n], ds.labels)]
+        (tmp_path / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    hf = data.hf_dataset(str(tmp_path), "train")
+    assert hf.num_rows == 200 and hf["text"][:3] == train_set.texts[:3]
+    settings = {**TINY, "batch_size": 16, "steps": 26, "dataset": str(tmp_path),
+                "eval_samples": None}
+    trainer, ours = quiet_train(path="trainer", **settings), quiet_train(path="torch", **settings)
+    assert [step for step, _ in trainer.eval_history] == [12, 24, 26]
+    assert trainer.eval_accuracy == trainer.eval_history[-1][1]
+    assert abs(trainer.eval_accuracy - ours.eval_accuracy) <= 2 / 60  # the same 60 reviews
+
+
+@pytest.mark.parametrize("path", ["accelerate", "trainer"])
+def test_a_run_interrupted_and_resumed_gives_bit_identical_losses(tmp_path, path):
+    """Accelerate's save_state/load_state, or the Trainer's own checkpoints, continue the run
+    as if it had not stopped, as the torch path's checkpoint does."""
+    settings = {"path": path, "precision": "bf16", "steps": 7, "accumulation_steps": 2,
+                "max_grad_norm": 0.5, **TINY, "eval_samples": 40}
+    whole = quiet_train(**settings)
+
+    def interrupt(step, result):
+        if step == 5:
+            raise KeyboardInterrupt  # after the checkpoint at step 4, before the next
+
+    folder = str(tmp_path / "ckpt")
+    with pytest.raises(KeyboardInterrupt):
+        quiet_train(**settings, checkpoint_dir=folder, save_every=2, on_step=interrupt)
+    saved = sorted(os.listdir(folder))
+    if path == "accelerate":  # Accelerate's own files, in the folder checkpoint.pt names
+        assert saved == ["checkpoint.pt", "state-4"]
+        assert {"model.safetensors", "optimizer.bin", "scheduler.bin",
+                "random_states_0.pkl"} <= set(os.listdir(os.path.join(folder, "state-4")))
+    else:
+        assert {"checkpoint-2", "checkpoint-4", "mplab_config.json"} <= set(saved)
+    resumed = quiet_train(**settings, checkpoint_dir=folder, resume=True)
+    assert resumed.resumed_from == 4
+    assert resumed.losses == whole.losses and resumed.grad_norms == whole.grad_norms
+    assert resumed.eval_accuracy == whole.eval_accuracy
+    with pytest.raises(ValueError, match=r"settings changed \(lr: 0.001 -> 0.002\)"):
+        quiet_train(**{**settings, "lr": 2e-3}, checkpoint_dir=folder, resume=True)
+
+
+def test_runs_of_different_precisions_follow_each_other_in_one_process():
+    """Accelerate refuses a second Accelerator with another mixed_precision in one process
+    ("restart your runtime"); a lesson compares precisions in one kernel, so each run starts
+    from a fresh state."""
+    for precision in ("fp32", "bf16", "fp32"):
+        for path in ("accelerate", "trainer"):
+            result = quiet_train(path=path, precision=precision, steps=1, **TINY)
+            assert result.precision == precision
+
+
+# ---- several processes ----------------------------------------------------------------------
+
+def launched(command: list[str], out) -> dict:
+    run = subprocess.run(command + ["--device", "cpu", "--steps", "4", "--batch-size", "4",
+                                    "--eval-samples", "0", "--no-progress", "--json", str(out)],
+                         capture_output=True, text=True, env=env(), cwd=ROOT, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("mplab.train:") == 1  # only rank 0 prints
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow  # about 15 s: two launches of two processes each
+def test_accelerate_launch_with_two_processes_matches_one_process_on_the_same_global_batch(
+        tmp_path):
+    """batch_size is per process: 2 processes x 4 train as one process of 8. On a CPU,
+    accelerate 1.15 starts the processes with --multi_gpu (torch's launcher, gloo); with
+    --cpu --num_processes 2 it starts one process (multi-CPU there goes through mpirun)."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no"]
+    module = ["-m", "mplab.train", "--path", "accelerate"]
+    two = launched(launch + ["--multi_gpu", "--num_processes", "2"] + module,
+                   tmp_path / "two.json")
+    single = quiet_train(path="accelerate", steps=4, **TINY)  # batch 8 = 2 processes x 4
+    assert two["world_size"] == 2 and two["global_batch_size"] == single.global_batch_size == 8
+    assert two["losses"] == pytest.approx(single.losses, rel=1e-4)
+    one = launched(launch + ["--cpu", "--num_processes", "2"] + module, tmp_path / "one.json")
+    assert one["world_size"] == 1 and one["global_batch_size"] == 4
+
+
+@pytest.mark.slow  # about 12 s: two processes import torch, transformers and datasets
+def test_torchrun_runs_the_trainer_with_two_processes_like_one(tmp_path):
+    two = launched([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc_per_node", "2", "-m", "mplab.train", "--path", "trainer",
+                    "--accumulation-steps", "2"], tmp_path / "two.json")
+    single = quiet_train(path="trainer", steps=4, accumulation_steps=2, **TINY)
+    assert two["world_size"] == 2 and two["global_batch_size"] == 16
+    assert two["path"] == "trainer" and two["compute_dtype"] == "float32"
+    assert two["losses"] == pytest.approx(single.losses, rel=1e-4)  # the mean, not 2x
