@@ -426,6 +426,8 @@ def trace(model, batch_or_inputs, *, precision="bf16", device="auto", loss_fn=No
     params = list(model.parameters())
     home = {p.device for p in params}
     grads = [p.grad for p in params]
+    for p in params:  # backward would add into the saved gradients in place
+        p.grad = None
     recorder = _Recorder(enabled=dtype != torch.float32)
     hooks = []
     try:

@@ -93,7 +93,8 @@ def test_the_trainers_own_loss_is_multiplied_by_the_accumulation_steps_for_a_cla
 
     from mplab.train import TrainConfig
     from mplab.train.accelerate_path import fresh_accelerate
-    from mplab.train.run import Run, RunOrder
+    from mplab.train.order import RunOrder
+    from mplab.train.run import Run
     from mplab.train.trainer_path import trainer_settings
 
     config = TrainConfig(path="trainer", steps=2, accumulation_steps=2, **TINY, **SAME_LR)

@@ -16,8 +16,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from .config import TrainConfig
+from .order import RunOrder
 from .result import TrainResult
-from .run import Run, RunOrder, lr_schedule
+from .run import Run, lr_schedule
 
 MIXED_PRECISION = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}  # mplab's names -> Accelerate's
 

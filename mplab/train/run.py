@@ -43,7 +43,6 @@ from .common import (
     check_precision,
     device_name,
     encoded_splits,
-    epoch_seed,
     global_batches,
     load_model,
     low_precision_cost,
@@ -79,64 +78,6 @@ class StepCounter:
 
     def remove(self) -> None:
         self._hook.remove()
-
-
-class Rows(torch.utils.data.Dataset):
-    """Reviews in a given order, each cut (or padded on the right) to a given width: item i is
-    row `layout[i][0]` of `columns` at width `layout[i][1]`, as a dict of tensors.
-
-    `columns`: a tokenized split as columns: mplab's encoded tensors (`data.encode`), or a
-    Hugging Face dataset's token lists (`dataset[:]`); labels as "labels" or "label".
-    `keys`: the model inputs to give besides the labels.
-    """
-
-    def __init__(self, columns: dict, layout: list[tuple[int, int]], keys=("input_ids",),
-                 pad_id: int = 0):
-        self.columns, self.layout, self.keys, self.pad_id = columns, layout, list(keys), pad_id
-        self.label = "labels" if "labels" in columns else "label"
-
-    def __len__(self) -> int:
-        return len(self.layout)
-
-    def __getitem__(self, i: int) -> dict:
-        row, width = self.layout[i]
-        item = {"labels": torch.as_tensor(self.columns[self.label][row])}
-        for key in self.keys:
-            value = self.columns[key][row]
-            if isinstance(value, torch.Tensor):
-                item[key] = value[:width]
-            else:  # a token list of the review's own length
-                fill = self.pad_id if key == "input_ids" else 0
-                item[key] = torch.tensor(list(value[:width]) + [fill] * (width - len(value)))
-        return item
-
-
-class RunOrder(Rows):
-    """The run's training reviews in the order the torch path trains on them, one epoch at a
-    time, for a `DataLoader(order, batch_size=config.batch_size)` that Accelerate (alone or
-    inside the Trainer) shards over the processes: each process then gets, micro-batch by
-    micro-batch, exactly the rows the torch path gives it, each cut (or padded) to the width
-    of its global batch, so the losses agree. `set_epoch(e)` (which Accelerate's prepared
-    loader calls) switches to epoch e's order. `columns`: the run's own encoded tensors by
-    default, or a Hugging Face dataset's columns (see `Rows`).
-    """
-
-    def __init__(self, run: Run, columns: dict | None = None, pad_id: int = 0):
-        self.run = run
-        keys = ["input_ids"] + (["attention_mask"] if run.config.attention_mask else [])
-        super().__init__(columns if columns is not None else run.train_data, [], keys, pad_id)
-        if len(self.columns[self.label]) != len(run.train_data["labels"]):
-            raise ValueError(f"the columns hold {len(self.columns[self.label])} reviews, the "
-                             f"run's training split {len(run.train_data['labels'])}: give the "
-                             "same split")
-        self.set_epoch(run.epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.layout = self.run.epoch_layout(epoch)
-
-    def width(self, position: int) -> int:
-        """The width of the epoch's global batch number `position`."""
-        return self.layout[position * self.run.global_size][1]
 
 
 @dataclass
@@ -319,7 +260,7 @@ class Run:
         self._tick = time.perf_counter()
 
     def loader_batches(self, loader, skip=None) -> Iterator[dict]:
-        """This process's micro-batches from a DataLoader over `RunOrder` (prepared by
+        """This process's micro-batches from a DataLoader over `order.RunOrder` (prepared by
         Accelerate), epoch after epoch, until `config.steps`; each step is timed from its first
         micro-batch. On a resumed run the first epoch continues where the checkpoint was,
         through `skip(loader, n)` (Accelerate's `skip_first_batches`)."""
@@ -354,24 +295,6 @@ class Run:
             last = i == n - 1
             yield micro, (net.no_sync() if hasattr(net, "no_sync") and not last
                           else nullcontext())
-
-    def epoch_layout(self, epoch: int) -> list[tuple[int, int]]:
-        """(row, width) of each review of `epoch`, laid out for `RunOrder`: the torch path's
-        global batches in order, each as its micro-batches, each micro-batch as one
-        `batch_size` slice per process (the round-robin order in which Accelerate deals a
-        DataLoader's batches to processes); width: the global batch's longest review."""
-        config, world = self.config, self.procs.world_size
-        lengths = self.train_data["attention_mask"].sum(dim=1)
-        layout = []
-        for rows in data.batch_rows(self.train_data, self.global_size,
-                                    seed=epoch_seed(config, epoch), drop_last=True,
-                                    by_length=config.by_length):
-            width = int(lengths[rows].max())
-            for micro in range(config.accumulation_steps):
-                for rank in range(world):
-                    start = rank * self.per_process + micro * config.batch_size
-                    layout += [(int(r), width) for r in rows[start:start + config.batch_size]]
-        return layout
 
     def check_finite(self, loss: torch.Tensor | float) -> float:
         """The step's loss, averaged over processes, as a number (one host sync per step; a

