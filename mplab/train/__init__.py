@@ -8,11 +8,20 @@
     python -m mplab.train --precision fp16 --steps 100 --json run.json
     torchrun --nproc_per_node 2 -m mplab.train --precision fp32 --batch-size 16
 
-Every path returns the same `TrainResult`; `path="torch"` (autocast + GradScaler by hand, in
-`torch_path.py`: the whole method in one function) is the one so far. Each path is a small file
-that drives a `run.Run`, which holds the run's state and the bookkeeping every path shares
-(data, progress, timing, evaluation, checkpoints, the result). Settings are `TrainConfig`'s
-fields, by the same names in the library, the CLI and the widgets.
+    train(path="accelerate", precision="bf16")          # Accelerator(mixed_precision="bf16")
+    train(path="trainer", precision="bf16")             # TrainingArguments(bf16=True) + Trainer
+    result.audit                                        # did mixed precision really happen?
+
+    accelerate launch --multi_gpu --num_processes 2 -m mplab.train --path accelerate
+    torchrun --nproc_per_node 2 -m mplab.train --path trainer --precision bf16
+
+Every path returns the same `TrainResult`: `path="torch"` (autocast + GradScaler by hand, in
+`torch_path.py`), `"accelerate"` (`accelerate_path.py`) and `"trainer"` (`trainer_path.py`),
+each the whole method in one function, trained on the same batches (`order.py`) so that their
+losses agree. Each path is a small file that drives a `run.Run`, which holds the run's state
+and the bookkeeping every path shares (data, progress, timing, evaluation, checkpoints, the
+audit, the result). Settings are `TrainConfig`'s fields, by the same names in the library, the
+CLI and the widgets.
 """
 
 from __future__ import annotations
@@ -32,12 +41,14 @@ def train(config: TrainConfig | None = None, *, model=None, tokenizer=None, on_s
     """Train and return the run's `TrainResult`.
 
     Give a `TrainConfig`, or its fields as keywords (`precision="fp16", steps=100, ...`).
-    `model`: "lesson" (default), a hub name or saved folder (through
-    `mplab.models.load_pretrained`), or a `torch.nn.Module` to train in place (with its
+    `model`: "lesson" (default), "minilm" (the packaged pretrained encoder), a hub name or
+    saved folder (through `mplab.models.load_pretrained`, fp32 weights), or a
+    `torch.nn.Module` to train in place (with its
     `tokenizer`; the lesson tokenizer if none). `on_step(step, result)` is called after every
     optimizer step, e.g. to plot the loss live; raising in it stops the run.
 
-    Under `torchrun` every process calls this; they split each global batch between them.
+    Under `torchrun` (or `accelerate launch`) every process calls this; they split each
+    global batch between them.
     Raises `NonFiniteLossError` (with `.result`) when the loss becomes inf/NaN, and
     ValueError for settings it cannot run.
     """
