@@ -36,8 +36,8 @@ class ScalerStepper(widgets.VBox):
     Outputs: `plot` (scale and tracker over the iterations), `table` (the latest iterations;
     `table_rows` holds them as data), `agreement` (whether torch.amp.GradScaler, run beside it,
     has the same scale, tracker and weights), `message`. `scaler` is the
-    :class:`mplab.scaler.GradScaler` being stepped, `run` and `torch_run` the two
-    :class:`mplab.lessons.ScalerRun` s.
+    :class:`mplab.scaler.GradScaler` being stepped; `run` and `torch_run` are the two runs
+    (:class:`mplab.lessons.ScalerRun`), with mplab's scaler and with torch's.
     """
 
     def __init__(self, init_scale: float = 2.0**16, growth_interval: int = 3,
