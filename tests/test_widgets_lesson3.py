@@ -8,22 +8,17 @@ import pytest
 import torch
 
 from mplab import plots
+from mplab.lessons import ScalerRun
 from mplab.widgets import lesson3
 from mplab.widgets.lesson3 import scaler_stepper
 
 
 def torch_run(clicks: list[bool], **settings) -> torch.amp.GradScaler:
     """torch's scaler through the same iterations (True: an inf injected)."""
-    twin = lesson3._Twin(torch.amp.GradScaler("cpu", **settings))
+    run = ScalerRun(torch.amp.GradScaler("cpu", **settings))
     for inject in clicks:
-        twin.iteration(inject)
-    return twin.scaler
-
-
-def cells(stepper) -> list[list[str]]:
-    rows = re.findall(r"<tr>(.*?)</tr>", stepper.table.value)
-    return [[re.sub(r"<.*?>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r)]
-            for r in rows]
+        run.iteration(inject)
+    return run.scaler
 
 
 def test_clicks_step_the_scaler_exactly_as_torch_does():
@@ -43,9 +38,13 @@ def test_clicks_step_the_scaler_exactly_as_torch_does():
     assert [r.found_inf for r in history] == clicks
     assert f"scale <b>{ref.get_scale():g}</b>" in stepper.status.value
     assert "2 steps skipped" in stepper.status.value
-    last = cells(stepper)
-    assert len(last) == lesson3._ROWS and last[-1][0] == "14"
-    assert last[-2][2:4] == ["yes", "skipped"] and last[-1][2:4] == ["no", "taken"]
+    last = stepper.table_rows
+    assert len(last) == lesson3.ROWS_SHOWN and last[-1]["iteration"] == 14
+    assert (last[-2]["inf/NaN found"], last[-2]["step"]) == (True, "skipped")
+    assert (last[-1]["inf/NaN found"], last[-1]["step"]) == (False, "taken")
+    assert last[-1]["new scale"] == ref.get_scale()
+    assert [r["scale used"] for r in last[1:]] == [r["new scale"] for r in last[:-1]]
+    assert stepper.table.value.count("<tr>") == lesson3.ROWS_SHOWN  # what the table shows
 
 
 def test_settings_restart_the_run_with_the_new_values():
