@@ -124,10 +124,10 @@ def _as_float(negative: bool, magnitude) -> float:
 
 
 
-def format_table(formats=None) -> Table:
+def format_table(precisions=None) -> Table:
     """Range and precision of each format, one row each, computed from the fields."""
     rows = []
-    for f in (get_format(x) for x in (formats or FORMATS)):
+    for f in (get_format(x) for x in (precisions or FORMATS)):
         rows.append({
             "format": f.name,
             "bits (s/e/m)": f"{f.bits} (1/{f.exp_bits}/{f.man_bits})",
@@ -144,12 +144,12 @@ def format_table(formats=None) -> Table:
     return Table(rows, title="Float formats: range and precision")
 
 
-def compare(values, formats=("fp16", "bf16")) -> Table:
+def compare(values, precisions=("fp16", "bf16")) -> Table:
     """What each format stores for each value, and the relative error it costs (one row a value)."""
     rows = []
     for x in values:
         row = {"x": x}
-        for name in formats:
+        for name in precisions:
             d = decompose(x, name)
             row[f"{d.precision} stores"] = d.value
             row[f"{d.precision} rel. error"] = d.rel_error

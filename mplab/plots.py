@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -35,8 +36,8 @@ _EDGES = (("min_subnormal", "o", "smallest subnormal"),
           ("max_finite", "X", "largest finite"))
 
 
-def _formats(formats) -> list[FloatFormat]:
-    return [get_format(f) for f in (formats or FORMATS)]
+def _formats(precisions) -> list[FloatFormat]:
+    return [get_format(f) for f in (precisions or FORMATS)]
 
 
 def new_figure(size: tuple[float, float], pyplot: bool = True) -> Figure:
@@ -62,17 +63,17 @@ def ulp_steps(precision) -> tuple[list[float], list[float]]:
     return xs, [ulp(x, f) for x in xs]
 
 
-def closeup_range(formats=None) -> tuple[float, float] | None:
+def closeup_range(precisions=None) -> tuple[float, float] | None:
     """Magnitudes spanned by the narrow formats (5 exponent bits or fewer: fp16 and fp8),
     with a margin of 16x each side; None when no format is that narrow."""
-    narrow = [f for f in _formats(formats) if f.exp_bits <= 5]
+    narrow = [f for f in _formats(precisions) if f.exp_bits <= 5]
     if not narrow:
         return None
     return (min(float(f.min_subnormal) for f in narrow) / 16,
             max(float(f.max_finite) for f in narrow) * 16)
 
 
-def ulp_plot(x=None, formats=None, ax=None, *, pyplot: bool = True) -> Figure:
+def ulp_plot(x=None, precisions=None, ax=None, *, pyplot: bool = True) -> Figure:
     """Spacing between neighbouring numbers (ulp) against magnitude, one staircase per format,
     on log-log axes, each format's underflow and overflow edges marked, and x marked on every
     curve whose range holds it.
@@ -83,7 +84,7 @@ def ulp_plot(x=None, formats=None, ax=None, *, pyplot: bool = True) -> Figure:
     know, for a widget to render itself. With ax: one panel over the whole range, in ax.
     Returns the figure.
     """
-    fmts = _formats(formats)
+    fmts = _formats(precisions)
     if ax is not None:
         _draw_ulp(ax, x, fmts, None, "Spacing of neighbouring numbers")
         ax.legend(*_legend_entries(ax), loc="lower right", fontsize=7)
@@ -148,11 +149,11 @@ def _legend_entries(ax) -> tuple[list, list[str]]:
     return handles, labels
 
 
-def mark_ulp(ax, x, formats=None) -> list:
+def mark_ulp(ax, x, precisions=None) -> list:
     """Move (or first draw) the marker of x on an ulp_plot panel: a dashed line at |x| and a
     dot on each format's curve whose range holds |x|. An x of None, 0, inf or NaN (nowhere on
     a log axis) hides the marker. Returns the marker's artists (animated: see MarkerPng)."""
-    fmts = _formats(formats)
+    fmts = _formats(precisions)
     by_gid = {a.get_gid(): a for a in [*ax.lines, *ax.texts]}
     if "ulp-marker-line" not in by_gid:
         by_gid["ulp-marker-line"] = ax.axvline(1.0, color="black", ls="--", lw=1,
@@ -196,9 +197,9 @@ class MarkerPng:
     manage (``ulp_plot(..., pyplot=False)``): it becomes that figure's canvas.
     """
 
-    def __init__(self, fig: Figure, formats=None):
+    def __init__(self, fig: Figure, precisions=None):
         self.fig = fig
-        self.formats = _formats(formats)
+        self.formats = _formats(precisions)
         self.canvas = FigureCanvasAgg(fig)
         self._background = None
 
@@ -223,22 +224,25 @@ def scaler_timeline_plot(history, ax=None, *, init_scale=None, pyplot: bool = Tr
     """A loss scaler's run: log2 of the scale each iteration used (a staircase), the iterations
     that found an inf/NaN and skipped their step (red crosses), and the growth tracker (grey
     bars, right axis). `history` is ``mplab.scaler.GradScaler.history`` (records with
-    ``scale``, ``new_scale``, ``growth_tracker``, ``found_inf``); with no records yet the
-    axes show `init_scale` alone. Returns the figure."""
-    records = list(history)
+    ``scale``, ``new_scale``, ``growth_tracker``, ``found_inf``), or an fp16
+    ``mplab.train.TrainResult`` (its scales and skipped steps; a run records no tracker, so
+    there are no bars); with no records yet the axes show `init_scale` alone. Returns the
+    figure."""
+    records = _scaler_records(history)
     if any(not all(hasattr(r, k) for k in ("scale", "new_scale", "growth_tracker", "found_inf"))
            for r in records):
         raise TypeError("scaler_timeline_plot takes GradScaler.history: records with scale, "
-                        "new_scale, growth_tracker and found_inf")
+                        "new_scale, growth_tracker and found_inf, or an fp16 TrainResult")
     if ax is None:
         fig = new_figure((7.0, 3.0), pyplot)
         ax = fig.subplots()
         fig.subplots_adjust(left=0.1, right=0.9, bottom=0.17, top=0.88)
     bars = ax.twinx()
     it = np.arange(len(records))
+    trackers = [r.growth_tracker for r in records if r.growth_tracker is not None]
+    if trackers:
+        bars.bar(it, trackers, color="0.85", width=0.8, label="growth tracker (after update)")
     if records:
-        bars.bar(it, [r.growth_tracker for r in records], color="0.85", width=0.8,
-                 label="growth tracker (after update)")
         scales = [r.scale for r in records] + [records[-1].new_scale]
         logs = [math.log2(s) if s > 0 else -math.inf for s in scales]
         ax.step(np.arange(len(scales)) - 0.5, logs, where="post", color=FORMAT_COLORS["fp16"],
@@ -254,8 +258,10 @@ def scaler_timeline_plot(history, ax=None, *, init_scale=None, pyplot: bool = Tr
     ax.patch.set_visible(False)
     ax.set_xlabel("iteration")
     ax.set_ylabel("log2 scale")
-    bars.set_ylabel("growth tracker", color="0.45")
-    bars.set_ylim(0, max([r.growth_tracker for r in records] + [1]) * 3)
+    bars.set_ylabel("growth tracker" if trackers else "", color="0.45")
+    bars.set_ylim(0, max(trackers + [1]) * 3)
+    if not trackers:
+        bars.set_yticks([])
     ax.set_xlim(-0.8, max(len(records), 10) - 0.2)
     skipped = sum(bool(r.found_inf) for r in records)
     ax.set_title(f"{len(records)} iterations, {skipped} skipped", fontsize=10)
@@ -264,6 +270,27 @@ def scaler_timeline_plot(history, ax=None, *, init_scale=None, pyplot: bool = Tr
     h2, l2 = bars.get_legend_handles_labels()
     ax.legend(handles + h2, labels + l2, fontsize=7, loc="best")
     return ax.figure
+
+
+class _Update(NamedTuple):
+    scale: float
+    new_scale: float
+    growth_tracker: int | None
+    found_inf: bool
+
+
+def _scaler_records(history) -> list:
+    """GradScaler.history as a list, or the same records read off a TrainResult's scales."""
+    if not (hasattr(history, "scales") and hasattr(history, "skipped_steps")):
+        return list(history)
+    if not history.scales and history.losses:
+        raise TypeError(f"this {history.precision} run used no GradScaler (only fp16 does), so "
+                        "it has no scale to plot")
+    first = history.config.get("init_scale", 2.0**16)
+    used = [first] + history.scales[:-1]
+    skipped = set(history.skipped_steps)
+    return [_Update(s, new, None, step in skipped)
+            for step, (s, new) in enumerate(zip(used, history.scales), 1)]
 
 
 def loss_curves_plot(results, ax=None, *, smooth: int = 10, pyplot: bool = True) -> Figure:

@@ -34,7 +34,7 @@ def test_format_table_lists_every_format_with_its_range():
 
 
 def test_compare_shows_what_each_format_stores_and_its_error():
-    table = E.compare([0.1, 70000.0], formats=["fp16", "bf16"])
+    table = E.compare([0.1, 70000.0], precisions=["fp16", "bf16"])
     assert table.columns == ["x", "fp16 stores", "fp16 rel. error", "bf16 stores",
                              "bf16 rel. error"]
     assert table[0]["fp16 stores"] == torch.tensor(0.1).half().item()

@@ -224,7 +224,7 @@ def test_a_nan_pattern_made_by_a_click_stays_in_the_table(explorer):
 
 
 def test_formats_can_be_chosen():
-    explorer = precision_explorer("1/3", formats=["fp16", torch.bfloat16])
+    explorer = precision_explorer("1/3", precisions=["fp16", torch.bfloat16])
     assert list(explorer.rows) == ["fp16", "bf16"]
     assert explorer.value == 1 / 3
 
@@ -267,7 +267,7 @@ def test_ulp_plot_marks_x_on_every_curve_that_holds_it():
 def test_ulp_plot_hides_the_marker_for_zero_and_draws_into_a_given_axes():
     fig = Figure()
     ax = fig.add_subplot()
-    assert plots.ulp_plot(0.0, formats=["fp16", "bf16"], ax=ax) is fig
+    assert plots.ulp_plot(0.0, precisions=["fp16", "bf16"], ax=ax) is fig
     lines = lines_by_gid(ax)
     assert {"ulp-fp16", "ulp-bf16"} <= set(lines) and "ulp-fp32" not in lines
     assert not lines["ulp-marker-line"].get_visible()

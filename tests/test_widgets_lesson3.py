@@ -101,3 +101,21 @@ def test_timeline_plot_marks_the_skipped_steps():
     assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [1]
     with pytest.raises(TypeError, match="GradScaler.history"):
         plots.scaler_timeline_plot([1.0, 2.0])
+
+
+def test_timeline_plot_reads_an_fp16_training_run_like_the_scalers_own_history():
+    """Lesson 3's real run: the same staircase and crosses from a TrainResult's record."""
+    from mplab.train import TrainResult
+
+    run = TrainResult("torch", "fp16", "cpu", "lesson", losses=[0.7, 0.7, 0.6],
+                      scales=[2.0**23, 2.0**22, 2.0**22], skipped_steps=[1, 2],
+                      config={"init_scale": 2.0**24})
+    ax = plots.scaler_timeline_plot(run, pyplot=False).axes[0]
+    assert ax.get_title() == "3 iterations, 2 skipped"
+    (staircase,) = [line for line in ax.get_lines() if line.get_marker() != "x"]
+    assert list(staircase.get_ydata()) == [24, 23, 22, 22]
+    (crosses,) = [line for line in ax.get_lines() if line.get_marker() == "x"]
+    assert list(crosses.get_xdata()) == [0, 1]
+    bf16 = TrainResult("torch", "bf16", "cpu", "lesson", losses=[0.7])
+    with pytest.raises(TypeError, match="used no GradScaler"):
+        plots.scaler_timeline_plot(bf16)

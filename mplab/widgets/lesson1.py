@@ -170,11 +170,11 @@ class PrecisionExplorer(widgets.VBox):
 
     value = _SignedFloat(0.1, help="the number being explored (a Python float)")
 
-    def __init__(self, value=0.1, formats=None):
+    def __init__(self, value=0.1, precisions=None):
         super().__init__()
-        self.formats = [F.get_format(f) for f in (formats or F.FORMATS)]
+        self.formats = [F.get_format(f) for f in (precisions or F.FORMATS)]
         if len({f.name for f in self.formats}) != len(self.formats):
-            raise ValueError(f"formats must have distinct names, got {formats!r}")
+            raise ValueError(f"precisions must have distinct names, got {precisions!r}")
         self._pending = {}  # what the next render should show besides the value
         self._pin = None  # (format, bits) last clicked: kept when it is one of many NaNs
         self._syncing = False
@@ -331,7 +331,7 @@ def _table_html(rows: list[dict], formats: dict[str, FloatFormat]) -> str:
             f"<tbody>{''.join(body)}</tbody></table>")
 
 
-def precision_explorer(value=0.1, formats=None) -> PrecisionExplorer:
-    """The precision explorer for value (a number, or text like "1/3"), over formats
+def precision_explorer(value=0.1, precisions=None) -> PrecisionExplorer:
+    """The precision explorer for value (a number, or text like "1/3"), over `precisions`
     (default: every format in mplab.formats.FORMATS). `.value` is the number it shows."""
-    return PrecisionExplorer(value, formats)
+    return PrecisionExplorer(value, precisions)
