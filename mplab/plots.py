@@ -329,3 +329,36 @@ def loss_curves_plot(results, ax=None, *, smooth: int = 10, pyplot: bool = True)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     return ax.figure
+
+
+_PATH_COLORS = {"torch": "#ee4c2c", "accelerate": "#7b1fa2", "trainer": "#f9a825"}
+
+
+def paths_chart(profiles, ax=None, *, pyplot: bool = True) -> Figure:
+    """The course's chart of the ways to train, placed by measurement
+    (``mplab.train.compare.profiles()``): ease of use across (fewer lines of code to the
+    right), ability to customise up (how many of the training step's parts your code writes
+    itself). Returns the figure."""
+    rows = list(profiles)
+    if not rows or not all({"path", "lines of code", "steps you write"} <= set(r) for r in rows):
+        raise TypeError("paths_chart takes what mplab.train.compare.profiles() returns")
+    if ax is None:
+        fig = new_figure((5.5, 4.0), pyplot)
+        ax = fig.subplots()
+        fig.subplots_adjust(left=0.14, right=0.95, bottom=0.15, top=0.9)
+    total = int(rows[0]["steps you write"].split(" of ")[1])
+    for r in rows:
+        written = int(r["steps you write"].split(" of ")[0])
+        ax.scatter(r["lines of code"], written, s=160, color=_PATH_COLORS.get(r["path"], "0.4"),
+                   zorder=3)
+        ax.annotate(f"{r['path']}\n{r['lines of code']} lines, writes {written}/{total}",
+                    (r["lines of code"], written), textcoords="offset points", xytext=(10, -4),
+                    fontsize=8)
+    most = max(r["lines of code"] for r in rows)
+    ax.set_xlim(most * 1.35, 0)  # fewer lines of code is easier: easier to the right
+    ax.set_ylim(-0.8, total + 0.8)
+    ax.set_xlabel("ease of use →  (lines of code you write, fewer to the right)")
+    ax.set_ylabel("ability to customise ↑  (steps you write)")
+    ax.set_title("The ways to train, measured from the code that runs", fontsize=10)
+    ax.grid(True, alpha=0.25)
+    return ax.figure
