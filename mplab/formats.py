@@ -5,10 +5,10 @@ hood), and agrees bit for bit with torch's own casts on CPU:
 
     >>> to_bits(0.1, "fp16"), round_to(0.1, "fp16")
     (11878, 0.0999755859375)
-    >>> print(decompose(65504, "fp16"))   # a worked explanation of the stored bits
 
-`fmt` may be a :class:`FloatFormat`, its name ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3",
-"fp8_e5m2") or the matching torch dtype.
+`precision` may be a :class:`FloatFormat`, its name ("fp32", "tf32", "fp16", "bf16",
+"fp8_e4m3", "fp8_e5m2") or the matching torch dtype. What a format stores, explained field by
+field and in tables, is :mod:`mplab.explain`.
 
 Two behaviours of torch are matched on purpose and worth knowing:
 
@@ -32,12 +32,10 @@ from fractions import Fraction
 
 import torch
 
-from mplab._display import Table
-
 __all__ = [
-    "FloatFormat", "FORMATS", "get_format", "parse_number", "from_bits", "to_bits", "round_to",
-    "decompose", "Decomposed", "ulp", "next_up", "next_down", "format_table", "field_bits",
-    "E4M3_NAN_ON_OVERFLOW", "compare", "floor_log2",
+    "FloatFormat", "FORMATS", "get_format", "dtype_of", "parse_number", "exact_value",
+    "from_bits", "to_bits", "round_to", "field_bits", "kind_of", "ulp", "next_up", "next_down",
+    "E4M3_NAN_ON_OVERFLOW", "floor_log2",
 ]
 
 
@@ -145,31 +143,31 @@ FORMATS: dict[str, FloatFormat] = {f.name: f for f in (FP32, TF32, FP16, BF16, F
 _BY_DTYPE = {f.torch_dtype: f for f in FORMATS.values() if f.torch_dtype}
 
 
-def get_format(fmt) -> FloatFormat:
+def get_format(precision) -> FloatFormat:
     """A format by name ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2") or torch dtype."""
-    if isinstance(fmt, FloatFormat):
-        return fmt
-    if isinstance(fmt, torch.dtype):
-        name = str(fmt).removeprefix("torch.")
+    if isinstance(precision, FloatFormat):
+        return precision
+    if isinstance(precision, torch.dtype):
+        name = str(precision).removeprefix("torch.")
         if name in _BY_DTYPE:
             return _BY_DTYPE[name]
-        raise ValueError(f"torch dtype {fmt} is not a float format mplab knows; accepted dtypes: "
-                         + ", ".join(f"torch.{d}" for d in _BY_DTYPE))
-    if isinstance(fmt, str):
-        key = fmt.strip().lower().replace("-", "_")
+        raise ValueError(f"torch dtype {precision} is not a float format mplab knows; accepted "
+                         "dtypes: " + ", ".join(f"torch.{d}" for d in _BY_DTYPE))
+    if isinstance(precision, str):
+        key = precision.strip().lower().replace("-", "_")
         key = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
                "float8_e4m3fn": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
                "float8_e5m2": "fp8_e5m2"}.get(key, key)
         if key in FORMATS:
             return FORMATS[key]
-    raise ValueError(f"unknown float format {fmt!r}; accepted: " + ", ".join(map(repr, FORMATS))
-                     + " or the matching torch dtypes")
+    raise ValueError(f"unknown float format {precision!r}; accepted: "
+                     + ", ".join(map(repr, FORMATS)) + " or the matching torch dtypes")
 
 
-def dtype_of(fmt) -> torch.dtype:
+def dtype_of(precision) -> torch.dtype:
     """The torch dtype of a format name ("bf16" -> torch.bfloat16): mplab's one map from names
     to dtypes (its inverse is `get_format(dtype).name`). tf32 is a matmul mode, not a dtype."""
-    f = get_format(fmt)
+    f = get_format(precision)
     if f.torch_dtype is None:
         raise ValueError(f"{f.name} is not a torch dtype (it is how tensor cores read fp32: "
                          "torch.backends.cuda.matmul.allow_tf32); accepted: "
@@ -239,6 +237,13 @@ def _exact(x, exact: bool):
         return sign, Fraction(abs(x))
     value = Fraction(x)
     return value < 0, abs(value)
+
+
+def exact_value(x) -> tuple[bool, Fraction | float]:
+    """x exactly as mplab reads it: (whether it is negative, its magnitude). The magnitude is a
+    Fraction, or math.inf / math.nan. Text goes through :func:`parse_number`, a one-element
+    tensor through .item(); -0.0 is (True, Fraction(0)). A TypeError for anything else."""
+    return _exact(x, True)
 
 
 def floor_log2(q) -> int:
@@ -331,9 +336,9 @@ def _check_bits(bits, f: FloatFormat) -> int:
     return bits
 
 
-def field_bits(bits: int, fmt) -> tuple[int, int, int]:
+def field_bits(bits: int, precision) -> tuple[int, int, int]:
     """(sign, exponent field, mantissa field) of a bit pattern."""
-    f = get_format(fmt)
+    f = get_format(precision)
     bits = _check_bits(bits, f)
     return (bits >> (f.bits - 1), (bits >> f.man_bits) & ((1 << f.exp_bits) - 1),
             bits & ((1 << f.man_bits) - 1))
@@ -348,6 +353,13 @@ def _kind(f: FloatFormat, exp_field: int, man: int) -> str:
     if exp_field == 0:
         return "zero" if man == 0 else "subnormal"
     return "normal"
+
+
+def kind_of(bits: int, precision) -> str:
+    """What a bit pattern is in the format: "zero", "subnormal", "normal", "inf" or "nan"."""
+    f = get_format(precision)
+    _, exp_field, man = field_bits(bits, f)
+    return _kind(f, exp_field, man)
 
 
 def _fields_value(f: FloatFormat, exp_field: int, man: int) -> Fraction:
@@ -379,9 +391,9 @@ def _as_float(sign: bool, value) -> float:
     return -v if sign else v
 
 
-def from_bits(bits: int, fmt) -> float:
+def from_bits(bits: int, precision) -> float:
     """The exact value a bit pattern stands for (NaN for NaN patterns, -0.0 for negative zero)."""
-    f = get_format(fmt)
+    f = get_format(precision)
     sign, _, value = _decode(bits, f)
     return _as_float(sign, value)
 
@@ -394,13 +406,13 @@ def _via_fp32(sign: bool, value, f: FloatFormat):
     return math.inf if fields is None else _fields_value(FP32, *fields)
 
 
-def to_bits(x, fmt, *, exact: bool = False) -> int:
+def to_bits(x, precision, *, exact: bool = False) -> int:
     """The bit pattern a cast of x to this format produces (round to nearest, ties to even).
 
     Matches torch's CPU cast: overflow to inf (fp16, bf16, e5m2) or saturation at ±448 (e4m3),
     subnormals kept, a double rounded through fp32 first unless ``exact=True``.
     """
-    f = get_format(fmt)
+    f = get_format(precision)
     sign, value = _exact(x, exact)
     if not exact:
         value = _via_fp32(sign, value, f)
@@ -412,97 +424,17 @@ def to_bits(x, fmt, *, exact: bool = False) -> int:
     return _pack(f, sign, *fields)
 
 
-def round_to(x, fmt, *, exact: bool = False) -> float:
+def round_to(x, precision, *, exact: bool = False) -> float:
     """The value x has after a cast to this format."""
-    f = get_format(fmt)
+    f = get_format(precision)
     return from_bits(to_bits(x, f, exact=exact), f)
 
 
-@dataclass(frozen=True)
-class Decomposed:
-    """What a format stores for x, field by field, and what it costs in accuracy."""
-
-    x: float
-    fmt: str
-    bits: int
-    sign: int
-    exponent: int
-    mantissa: int
-    kind: str
-    value: float
-    abs_error: float
-    rel_error: float
-    exp_bits: int
-    man_bits: int
-    bias: int
-
-    @property
-    def bit_string(self) -> str:
-        """Sign, exponent and mantissa fields separated by spaces, e.g. '0 01111 0000000000'."""
-        s = format(self.bits, f"0{1 + self.exp_bits + self.man_bits}b")
-        return f"{s[0]} {s[1:1 + self.exp_bits]} {s[1 + self.exp_bits:]}"
-
-    def formula(self) -> str:
-        """The value as the format computes it from its fields."""
-        sign = "-" if self.sign else "+"
-        if self.kind == "nan":
-            return "NaN (a reserved pattern: no value)"
-        if self.kind == "inf":
-            return f"{sign}inf (exponent all ones, mantissa all zeros)"
-        if self.kind == "zero":
-            return f"{sign}0 (exponent and mantissa all zeros)"
-        frac = Fraction(self.mantissa, 1 << self.man_bits)
-        if self.kind == "normal":
-            e = self.exponent - self.bias
-            return (f"{sign}1.{self.bit_string.split()[2]}₂ × 2^({self.exponent} − {self.bias}) = "
-                    f"{sign}{float(1 + frac)!r} × 2^{e}")
-        return (f"{sign}0.{self.bit_string.split()[2]}₂ × 2^(1 − {self.bias}) = "
-                f"{sign}{float(frac)!r} × 2^{1 - self.bias}  (subnormal: no hidden 1)")
-
-    def __str__(self) -> str:
-        width = 1 + self.exp_bits + self.man_bits
-        lines = [
-            f"{self.x!r} in {self.fmt}",
-            f"  bits      {self.bit_string}   (0x{self.bits:0{(width + 3) // 4}X})",
-            f"  sign      {self.sign}  → {'-' if self.sign else '+'}",
-            f"  exponent  {self.bit_string.split()[1]}₂ = {self.exponent}",
-            f"  mantissa  {self.bit_string.split()[2]}₂ = {self.mantissa}",
-            f"  value     {self.formula()}",
-            f"  stored    {self.value!r}  ({self.kind})",
-            f"  error     {self.abs_error:+.6g} absolute, {self.rel_error:.3g} relative",
-        ]
-        return "\n".join(lines)
-
-    __repr__ = __str__
-
-
-def decompose(x, fmt, *, exact: bool = False) -> Decomposed:
-    """Cast x to the format and explain the result field by field."""
-    f = get_format(fmt)
-    bits = to_bits(x, f, exact=exact)
-    sign, exp_field, man = field_bits(bits, f)
-    value = from_bits(bits, f)
-    x_sign, x_exact = _exact(x, True)
-    x_float = _as_float(x_sign, x_exact)
-    if isinstance(x_exact, Fraction) and math.isfinite(value):
-        err = Fraction(value) - (-x_exact if x_sign else x_exact)
-        abs_error = float(err)
-        rel_error = float(abs(err) / x_exact) if x_exact else 0.0
-    elif math.isinf(value) and isinstance(x_exact, Fraction):
-        abs_error, rel_error = math.copysign(math.inf, value), math.inf
-    elif math.isnan(value) and not math.isnan(x_float):
-        abs_error = rel_error = math.nan
-    else:  # inf stays inf, NaN stays NaN: nothing was lost
-        abs_error = rel_error = 0.0 if value == x_float or value != value else math.nan
-    return Decomposed(x_float, f.name, bits, sign, exp_field, man, _kind(f, exp_field, man), value,
-                      abs_error, rel_error, f.exp_bits, f.man_bits, f.bias)
-
-
-def ulp(x, fmt) -> float:
+def ulp(x, precision) -> float:
     """Spacing of the format's numbers around x: 2^(e − man_bits) with e = floor(log2|x|),
     clamped to the format's exponent range (so the subnormal spacing below the normals,
     the top binade's spacing above the largest finite). NaN for inf or NaN."""
-    f = get_format(fmt)
+    f = get_format(precision)
     _, value = _exact(x, True)
     if not isinstance(value, Fraction):
         return math.nan
@@ -544,45 +476,12 @@ def _step(x, f: FloatFormat, up: bool) -> float:
     return _as_float(sign, _fields_value(f, *fields))  # may be a zero of x's sign
 
 
-def next_up(x, fmt) -> float:
+def next_up(x, precision) -> float:
     """The smallest number of the format greater than x (inf past the largest finite,
     NaN for fp8 e4m3, which has no inf)."""
-    return _step(x, get_format(fmt), up=True)
+    return _step(x, get_format(precision), up=True)
 
 
-def next_down(x, fmt) -> float:
+def next_down(x, precision) -> float:
     """The largest number of the format less than x."""
-    return _step(x, get_format(fmt), up=False)
-
-
-def format_table(formats=None) -> Table:
-    """Range and precision of each format, one row each, computed from the fields."""
-    rows = []
-    for f in (get_format(x) for x in (formats or FORMATS)):
-        rows.append({
-            "format": f.name,
-            "bits (s/e/m)": f"{f.bits} (1/{f.exp_bits}/{f.man_bits})",
-            "bias": f.bias,
-            "largest finite": float(f.max_finite),
-            "smallest normal": float(f.min_normal),
-            "smallest subnormal": float(f.min_subnormal),
-            "eps": float(f.eps),
-            "decimal digits": round(f.decimal_digits, 1),
-            "inf": "yes" if f.has_inf else "no",
-            "overflow": {"inf": "→ inf", "saturate": "→ ±max", "nan": "→ NaN"}[f.overflow],
-            "torch dtype": f"torch.{f.torch_dtype}" if f.torch_dtype else "(matmul mode)",
-        })
-    return Table(rows, title="Float formats: range and precision")
-
-
-def compare(values, formats=("fp16", "bf16")) -> Table:
-    """What each format stores for each value, and the relative error it costs (one row a value)."""
-    rows = []
-    for x in values:
-        row = {"x": x}
-        for name in formats:
-            d = decompose(x, name)
-            row[f"{d.fmt} stores"] = d.value
-            row[f"{d.fmt} rel. error"] = d.rel_error
-        rows.append(row)
-    return Table(rows, title="Stored value and relative error per format")
+    return _step(x, get_format(precision), up=False)

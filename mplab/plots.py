@@ -1,26 +1,28 @@
-"""Matplotlib figures the lessons share. Every number drawn here is computed by mplab."""
+"""Matplotlib figures the lessons share. Every number drawn here is computed by mplab.
+
+The colours of the formats, the spacing of their numbers (lesson 1), a loss scaler's run
+(lesson 3) and training losses (lesson 4). Lesson 2's figures of what a cast does to a
+tensor's values are :mod:`mplab.cast_plots`.
+"""
 
 from __future__ import annotations
 
 import io
 import math
-import numbers
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Rectangle, StepPatch
 from matplotlib.ticker import FixedLocator, NullLocator
 from PIL import Image
 
-from mplab import ranges
 from mplab.formats import FORMATS, FloatFormat, get_format, ulp
 
-__all__ = ["FORMAT_COLORS", "ulp_steps", "ulp_plot", "mark_ulp", "closeup_range", "MarkerPng",
-           "BAND_COLORS", "exponent_histogram_plot", "scale_sweep_plot", "swamping_plot",
-           "scaler_timeline_plot", "loss_curves_plot"]
+__all__ = ["FORMAT_COLORS", "new_figure", "ulp_steps", "ulp_plot", "mark_ulp", "closeup_range",
+           "MarkerPng", "scaler_timeline_plot", "loss_curves_plot"]
 
 #: One colour per format, shared by every plot and widget that names a format.
 FORMAT_COLORS = {
@@ -34,30 +36,44 @@ _EDGES = (("min_subnormal", "o", "smallest subnormal"),
           ("max_finite", "X", "largest finite"))
 
 
-def _formats(formats) -> list[FloatFormat]:
-    return [get_format(f) for f in (formats or FORMATS)]
+def _formats(precisions) -> list[FloatFormat]:
+    return [get_format(f) for f in (precisions or FORMATS)]
 
 
-def ulp_steps(fmt) -> tuple[list[float], list[float]]:
-    """The spacing of fmt's numbers as a staircase: x from the smallest subnormal to the
+def new_figure(size: tuple[float, float], pyplot: bool = True) -> Figure:
+    """A figure of this size (inches, at 80 dpi): made by pyplot, so that a notebook shows it,
+    or with ``pyplot=False`` one pyplot does not know, for a widget to render itself."""
+    if pyplot:
+        import matplotlib.pyplot as plt
+
+        return plt.figure(figsize=size, dpi=80)
+    fig = Figure(figsize=size, dpi=80)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+# --- lesson 1: the spacing of each format's numbers --------------------------------------------
+
+def ulp_steps(precision) -> tuple[list[float], list[float]]:
+    """The spacing of a format's numbers as a staircase: x from the smallest subnormal to the
     largest finite, ulp(x) on each step (constant across the subnormals, doubling per binade)."""
-    f = get_format(fmt)
+    f = get_format(precision)
     xs = [float(f.min_subnormal)] + [2.0 ** e for e in range(f.emin, f.emax + 1)]
     xs.append(float(f.max_finite))
     return xs, [ulp(x, f) for x in xs]
 
 
-def closeup_range(formats=None) -> tuple[float, float] | None:
+def closeup_range(precisions=None) -> tuple[float, float] | None:
     """Magnitudes spanned by the narrow formats (5 exponent bits or fewer: fp16 and fp8),
     with a margin of 16x each side; None when no format is that narrow."""
-    narrow = [f for f in _formats(formats) if f.exp_bits <= 5]
+    narrow = [f for f in _formats(precisions) if f.exp_bits <= 5]
     if not narrow:
         return None
     return (min(float(f.min_subnormal) for f in narrow) / 16,
             max(float(f.max_finite) for f in narrow) * 16)
 
 
-def ulp_plot(x=None, formats=None, ax=None, *, pyplot: bool = True) -> Figure:
+def ulp_plot(x=None, precisions=None, ax=None, *, pyplot: bool = True) -> Figure:
     """Spacing between neighbouring numbers (ulp) against magnitude, one staircase per format,
     on log-log axes, each format's underflow and overflow edges marked, and x marked on every
     curve whose range holds it.
@@ -68,20 +84,13 @@ def ulp_plot(x=None, formats=None, ax=None, *, pyplot: bool = True) -> Figure:
     know, for a widget to render itself. With ax: one panel over the whole range, in ax.
     Returns the figure.
     """
-    fmts = _formats(formats)
+    fmts = _formats(precisions)
     if ax is not None:
         _draw_ulp(ax, x, fmts, None, "Spacing of neighbouring numbers")
         ax.legend(*_legend_entries(ax), loc="lower right", fontsize=7)
         return ax.figure
     close = closeup_range(fmts)
-    size = (11.5, 3.5) if close else (8.0, 3.5)
-    if pyplot:
-        import matplotlib.pyplot as plt
-
-        fig = plt.figure(figsize=size, dpi=80)
-    else:
-        fig = Figure(figsize=size, dpi=80)
-        FigureCanvasAgg(fig)
+    fig = new_figure((11.5, 3.5) if close else (8.0, 3.5), pyplot)
     axes = fig.subplots(1, 2 if close else 1, squeeze=False)[0]
     fig.subplots_adjust(left=0.06, right=0.78 if close else 0.68, bottom=0.15, top=0.9,
                         wspace=0.25)
@@ -140,11 +149,11 @@ def _legend_entries(ax) -> tuple[list, list[str]]:
     return handles, labels
 
 
-def mark_ulp(ax, x, formats=None) -> list:
+def mark_ulp(ax, x, precisions=None) -> list:
     """Move (or first draw) the marker of x on an ulp_plot panel: a dashed line at |x| and a
     dot on each format's curve whose range holds |x|. An x of None, 0, inf or NaN (nowhere on
     a log axis) hides the marker. Returns the marker's artists (animated: see MarkerPng)."""
-    fmts = _formats(formats)
+    fmts = _formats(precisions)
     by_gid = {a.get_gid(): a for a in [*ax.lines, *ax.texts]}
     if "ulp-marker-line" not in by_gid:
         by_gid["ulp-marker-line"] = ax.axvline(1.0, color="black", ls="--", lw=1,
@@ -188,9 +197,9 @@ class MarkerPng:
     manage (``ulp_plot(..., pyplot=False)``): it becomes that figure's canvas.
     """
 
-    def __init__(self, fig: Figure, formats=None):
+    def __init__(self, fig: Figure, precisions=None):
         self.fig = fig
-        self.formats = _formats(formats)
+        self.formats = _formats(precisions)
         self.canvas = FigureCanvasAgg(fig)
         self._background = None
 
@@ -209,244 +218,31 @@ class MarkerPng:
         return buf.getvalue()
 
 
-# --- lesson 2: where values land in a format ---------------------------------------------------
-
-#: Shading of a format's bands (see mplab.ranges.format_bands).
-BAND_COLORS = {"zero": "#9d9d9d", "subnormal": "#f2c45a", "normal": "#9bd5a4",
-               "overflow": "#e45756"}
-
-
-#: Up to this many histograms get a line each; more are drawn as their total only.
-_MAX_LAYER_LINES = 8
-
-
-def _new_figure(size: tuple[float, float], pyplot: bool) -> Figure:
-    if pyplot:
-        import matplotlib.pyplot as plt
-
-        return plt.figure(figsize=size, dpi=80)
-    fig = Figure(figsize=size, dpi=80)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _histograms(values, bins) -> tuple[dict, list | None]:
-    """label -> ExponentHistogram, and the Magnitudes behind them (None when given histograms,
-    which carry no exact cast counts)."""
-    if isinstance(values, ranges.ExponentHistogram):
-        return {"values": values}, None
-    if isinstance(values, Mapping):
-        items = dict(values)
-    elif isinstance(values, list | tuple) and values and not isinstance(values[0], numbers.Real):
-        items = {f"tensor {i}": v for i, v in enumerate(values)}
-    else:
-        items = {"values": values}
-    if not items:
-        raise ValueError("nothing to plot: got an empty dict or list; pass a tensor, a list or "
-                         "dict of tensors, Magnitudes or ExponentHistograms")
-    if all(isinstance(v, ranges.ExponentHistogram) for v in items.values()):
-        return items, None
-    mags = {k: v if isinstance(v, ranges.Magnitudes) else ranges.Magnitudes(v)
-            for k, v in items.items()}
-    return {k: m.histogram(bins) for k, m in mags.items()}, list(mags.values())
-
-
-def exponent_histogram_plot(values, fmt="fp16", scale=1.0, ax=None, *,
-                            bins=ranges.DEFAULT_BINS, xlim=None, title=None,
-                            pyplot: bool = True) -> Figure:
-    """Histogram of log2|x · scale| with the format's bands shaded: flushed to 0, subnormal,
-    normal, overflow (:func:`mplab.ranges.format_bands`).
-
-    values: a tensor, a list or dict of tensors (one line per layer, and "all" filled),
-    :class:`~mplab.ranges.Magnitudes` (sorted once: redrawing for a new scale then only
-    shifts the bins) or :class:`~mplab.ranges.ExponentHistogram`. A scale of 2^k moves every
-    value k binades right; the unscaled total stays as a dashed outline, and a box gives the
-    exact fractions a real cast would flush and overflow (not for bare histograms).
-    xlim: (lo, hi) in log2 units; fix it to keep the axis still while the scale changes.
-    ax: draw there; otherwise a new figure (made by pyplot unless ``pyplot=False``).
-    Returns the figure.
-    """
-    f = get_format(fmt)
-    s = ranges.as_scale(scale)
-    shift = math.log2(s)
-    hists, mags = _histograms(values, bins)
-    first = next(iter(hists.values()))
-    total = first
-    for h in list(hists.values())[1:]:
-        total = total + h
-    edges = total.edges.astype(float)
-    if ax is None:
-        fig = _new_figure((9.0, 3.6), pyplot)
-        ax = fig.subplots()
-        fig.subplots_adjust(left=0.07, right=0.75, bottom=0.14, top=0.9)
-    bands = ranges.format_bands(f)
-    nz = np.flatnonzero(total.counts)
-    if xlim is None:
-        data = (edges[nz[0]] + shift, edges[nz[-1] + 1] + shift) if nz.size else (
-            edges[0], edges[-1])
-        zero_edge, over_edge = bands[0].hi, bands[-1].lo
-        lo = max(min(data[0], zero_edge) - 2, data[0] - 20)
-        hi = min(max(data[1], over_edge) + 2, data[1] + 20)
-        xlim = (math.floor(lo), math.ceil(hi))
-    # Patches go in with add_artist: add_patch recomputes the data limits for each, and a
-    # redraw of the lesson model's figure took 450 ms instead of ~220 ms on 2 cores
-    # (benchmarks/bench_ranges.py); the limits are set explicitly below anyway.
-    for b in bands:
-        a, c = max(b.lo, xlim[0]), min(b.hi, xlim[1])
-        if a < c:
-            ax.add_artist(Rectangle((a, 0), c - a, 1, transform=ax.get_xaxis_transform(),
-                                    color=BAND_COLORS[b.name], alpha=0.35, lw=0,
-                                    gid=f"band-{b.name}"))
-            ax.text((a + c) / 2, 0.98, b.label, transform=ax.get_xaxis_transform(),
-                    ha="center", va="top", fontsize=8, rotation=90 if c - a < 6 else 0)
-
-    def share(h):
-        return h.counts / max(h.nonzero, 1)
-
-    def stairs(h, at, **kw):
-        return ax.add_artist(StepPatch(share(h), edges + at, baseline=0, **kw))
-
-    handles = []
-    if shift:
-        handles.append(stairs(total, 0, fill=False, ec="0.35", ls="--", lw=1,
-                              label="all, before scaling", gid="hist-unscaled"))
-    handles.append(stairs(total, shift, fill=True, color="#4c78a8", alpha=0.55, lw=0,
-                          label="all layers" if len(hists) > 1 else "values", gid="hist-all"))
-    if 1 < len(hists) <= _MAX_LAYER_LINES:
-        import matplotlib as mpl
-
-        cmap = mpl.colormaps["viridis"]
-        for i, (name, h) in enumerate(hists.items()):
-            handles.append(stairs(h, shift, fill=False, ec=cmap(i / (len(hists) - 1)), lw=1,
-                                  label=_short(name), gid=f"hist-{name}"))
-    if shift and nz.size:
-        peak = int(np.argmax(total.counts))
-        x0, y = edges[peak] + 0.5, share(total)[peak]
-        ax.annotate("", xy=(x0 + shift, y * 1.05), xytext=(x0, y * 1.05),
-                    arrowprops={"arrowstyle": "->", "color": "black", "lw": 1.2})
-        ax.text(x0 + shift / 2, y * 1.08, f"× 2^{shift:g}: {shift:g} binades right"
-                if shift == int(shift) else f"× {s:g}", ha="center", va="bottom", fontsize=8)
-    ax.set_xlim(*xlim)
-    drawn = [total, *hists.values()] if len(hists) <= _MAX_LAYER_LINES else [total]
-    top = max(float(share(h).max()) for h in drawn) if nz.size else 1.0
-    ax.set_ylim(0, top * 1.4 or 1.0)
-    ax.set_xlabel("log2 |x × scale|")
-    ax.set_ylabel("share of nonzero values")
-    ax.set_title(title or f"{f.name}: where the values land at scale {_scale_label(s)}",
-                 fontsize=10)
-    if mags is not None:
-        st = [m.stats(f, s, rel_error=False) for m in mags]
-        nonzero = sum(x.nonzero for x in st)
-        under, sub, over = (sum(getattr(x, k) for x in st)
-                            for k in ("underflow", "subnormal", "overflow"))
-        pct = (lambda n: f"{100 * n / nonzero:.3g} %") if nonzero else (lambda n: "–")
-        text = (f"of {nonzero:,} nonzero values:\nflushed to 0  {pct(under)}\n"
-                f"subnormal  {pct(sub)}\noverflow  {pct(over)}")
-        ax.text(1.02, 0.02, text, transform=ax.transAxes, fontsize=8, va="bottom",
-                gid="cast-summary")
-    labels = [h.get_label() for h in handles]
-    if len(hists) > _MAX_LAYER_LINES:
-        labels[-1] = f"all {len(hists)} layers"
-    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
-              frameon=False)
-    return ax.figure
-
-
-def _short(name: str, width: int = 26) -> str:
-    """A layer name that fits a legend: its tail, e.g. '…layer.0.attention.self.query'."""
-    return name if len(name) <= width else "…" + name[-(width - 1):]
-
-
-def _scale_label(s: float) -> str:
-    k = math.log2(s)
-    return f"2^{k:g}" if k == int(k) else f"{s:g}"
-
-
-def scale_sweep_plot(sweep, ax=None, *, window=None, pyplot: bool = True) -> Figure:
-    """Underflow and overflow fractions of a :func:`mplab.ranges.scale_sweep` against log2
-    of the scale, with the good window (from :func:`mplab.ranges.good_scale_window`, or the
-    (lo, hi) given) shaded. The y axis is linear up to 10^-6 and logarithmic above, so that
-    a handful of overflowing values shows. Returns the figure."""
-    rows = list(sweep)
-    if not rows:
-        raise ValueError("the sweep is empty; pass what mplab.ranges.scale_sweep returns")
-    window = ranges.good_scale_window(rows) if window is None else window
-    if ax is None:
-        fig = _new_figure((6.5, 3.2), pyplot)
-        ax = fig.subplots()
-        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.16, top=0.88)
-    k = [math.log2(r["scale"]) for r in rows]
-    ax.plot(k, [r["underflow"] for r in rows], "o-", ms=3, color="#4c78a8",
-            label="underflow (→ 0)")
-    ax.plot(k, [r["overflow"] for r in rows], "s-", ms=3, color="#e45756", label="overflow")
-    if window:
-        ax.axvspan(math.log2(window[0]), math.log2(window[1]), color=BAND_COLORS["normal"],
-                   alpha=0.35, lw=0, label="good scales")
-    ax.set_xlabel("log2 scale")
-    ax.set_ylabel("fraction of all values")
-    ax.set_yscale("symlog", linthresh=1e-6)
-    ax.set_ylim(0, 1)
-    ax.set_title(sweep.title if hasattr(sweep, "title") and sweep.title else "Scale sweep",
-                 fontsize=10)
-    ax.grid(True, alpha=0.25)
-    ax.legend(fontsize=8)
-    return ax.figure
-
-
-def swamping_plot(run, ax=None, *, pyplot: bool = True) -> Figure:
-    """The weight over the steps of a :func:`mplab.ranges.swamping_run`: what the format kept
-    (and the fp32 master copy, if any) against the exact sum, with the first lost update
-    marked. Returns the figure."""
-    if not isinstance(run, ranges.SwampRun):
-        raise TypeError(f"swamping_plot takes what mplab.ranges.swamping_run returns, got "
-                        f"{type(run).__name__}")
-    if ax is None:
-        fig = _new_figure((6.5, 3.0), pyplot)
-        ax = fig.subplots()
-        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.16, top=0.88)
-    steps = np.arange(run.steps + 1)
-    ax.plot(steps, run.exact, "--", color="0.4", lw=1, label="exact: w0 + k·update")
-    if run.master_weights is not None:
-        ax.plot(steps, run.master_weights, color=FORMAT_COLORS["fp32"], lw=2.5, alpha=0.6,
-                label="fp32 master weight")
-    ax.plot(steps, run.weights, color=FORMAT_COLORS.get(run.fmt, "#f58518"), lw=1.5,
-            label=f"weight the model uses ({run.fmt})")
-    if run.first_lost is not None:
-        k = run.first_lost
-        ax.axvline(k, color="#b00020", lw=1, ls=":")
-        ax.annotate(f"step {k}: updates start to vanish", xy=(k, run.weights[k]),
-                    xytext=(0.45, 0.12), textcoords="axes fraction", fontsize=8,
-                    color="#b00020", arrowprops={"arrowstyle": "->", "color": "#b00020"})
-    how = "fp32 master weights" if run.master else f"weights kept in {run.fmt}"
-    ax.set_title(f"w ← w + {run.update:.3g}, {how}: {run.lost_steps} of {run.steps} "
-                 "updates lost", fontsize=10)
-    ax.set_xlabel("step")
-    ax.set_ylabel("weight")
-    ax.grid(True, alpha=0.25)
-    ax.legend(fontsize=8, loc="upper left")
-    return ax.figure
-
+# --- lessons 3 and 4: a loss scaler's run, training losses --------------------------------------
 
 def scaler_timeline_plot(history, ax=None, *, init_scale=None, pyplot: bool = True) -> Figure:
     """A loss scaler's run: log2 of the scale each iteration used (a staircase), the iterations
     that found an inf/NaN and skipped their step (red crosses), and the growth tracker (grey
     bars, right axis). `history` is ``mplab.scaler.GradScaler.history`` (records with
-    ``scale``, ``new_scale``, ``growth_tracker``, ``found_inf``); with no records yet the
-    axes show `init_scale` alone. Returns the figure."""
-    records = list(history)
+    ``scale``, ``new_scale``, ``growth_tracker``, ``found_inf``), or an fp16
+    ``mplab.train.TrainResult`` (its scales and skipped steps; a run records no tracker, so
+    there are no bars); with no records yet the axes show `init_scale` alone. Returns the
+    figure."""
+    records = _scaler_records(history)
     if any(not all(hasattr(r, k) for k in ("scale", "new_scale", "growth_tracker", "found_inf"))
            for r in records):
         raise TypeError("scaler_timeline_plot takes GradScaler.history: records with scale, "
-                        "new_scale, growth_tracker and found_inf")
+                        "new_scale, growth_tracker and found_inf, or an fp16 TrainResult")
     if ax is None:
-        fig = _new_figure((7.0, 3.0), pyplot)
+        fig = new_figure((7.0, 3.0), pyplot)
         ax = fig.subplots()
         fig.subplots_adjust(left=0.1, right=0.9, bottom=0.17, top=0.88)
     bars = ax.twinx()
     it = np.arange(len(records))
+    trackers = [r.growth_tracker for r in records if r.growth_tracker is not None]
+    if trackers:
+        bars.bar(it, trackers, color="0.85", width=0.8, label="growth tracker (after update)")
     if records:
-        bars.bar(it, [r.growth_tracker for r in records], color="0.85", width=0.8,
-                 label="growth tracker (after update)")
         scales = [r.scale for r in records] + [records[-1].new_scale]
         logs = [math.log2(s) if s > 0 else -math.inf for s in scales]
         ax.step(np.arange(len(scales)) - 0.5, logs, where="post", color=FORMAT_COLORS["fp16"],
@@ -462,8 +258,10 @@ def scaler_timeline_plot(history, ax=None, *, init_scale=None, pyplot: bool = Tr
     ax.patch.set_visible(False)
     ax.set_xlabel("iteration")
     ax.set_ylabel("log2 scale")
-    bars.set_ylabel("growth tracker", color="0.45")
-    bars.set_ylim(0, max([r.growth_tracker for r in records] + [1]) * 3)
+    bars.set_ylabel("growth tracker" if trackers else "", color="0.45")
+    bars.set_ylim(0, max(trackers + [1]) * 3)
+    if not trackers:
+        bars.set_yticks([])
     ax.set_xlim(-0.8, max(len(records), 10) - 0.2)
     skipped = sum(bool(r.found_inf) for r in records)
     ax.set_title(f"{len(records)} iterations, {skipped} skipped", fontsize=10)
@@ -472,6 +270,27 @@ def scaler_timeline_plot(history, ax=None, *, init_scale=None, pyplot: bool = Tr
     h2, l2 = bars.get_legend_handles_labels()
     ax.legend(handles + h2, labels + l2, fontsize=7, loc="best")
     return ax.figure
+
+
+class _Update(NamedTuple):
+    scale: float
+    new_scale: float
+    growth_tracker: int | None
+    found_inf: bool
+
+
+def _scaler_records(history) -> list:
+    """GradScaler.history as a list, or the same records read off a TrainResult's scales."""
+    if not (hasattr(history, "scales") and hasattr(history, "skipped_steps")):
+        return list(history)
+    if not history.scales and history.losses:
+        raise TypeError(f"this {history.precision} run used no GradScaler (only fp16 does), so "
+                        "it has no scale to plot")
+    first = history.config.get("init_scale", 2.0**16)
+    used = [first] + history.scales[:-1]
+    skipped = set(history.skipped_steps)
+    return [_Update(s, new, None, step in skipped)
+            for step, (s, new) in enumerate(zip(used, history.scales), 1)]
 
 
 def loss_curves_plot(results, ax=None, *, smooth: int = 10, pyplot: bool = True) -> Figure:
@@ -484,7 +303,7 @@ def loss_curves_plot(results, ax=None, *, smooth: int = 10, pyplot: bool = True)
         raise TypeError("loss_curves_plot takes TrainResults (what mplab.train.train returns), "
                         "as a list or a dict of label -> result")
     if ax is None:
-        fig = _new_figure((6.5, 3.2), pyplot)
+        fig = new_figure((6.5, 3.2), pyplot)
         ax = fig.subplots()
         fig.subplots_adjust(left=0.11, right=0.97, bottom=0.16, top=0.88)
     colors = {"fp32": FORMAT_COLORS["fp32"], "fp16": FORMAT_COLORS["fp16"],
@@ -509,4 +328,37 @@ def loss_curves_plot(results, ax=None, *, smooth: int = 10, pyplot: bool = True)
     ax.grid(True, alpha=0.25)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+    return ax.figure
+
+
+_PATH_COLORS = {"torch": "#ee4c2c", "accelerate": "#7b1fa2", "trainer": "#f9a825"}
+
+
+def paths_chart(profiles, ax=None, *, pyplot: bool = True) -> Figure:
+    """The course's chart of the ways to train, placed by measurement
+    (``mplab.train.compare.profiles()``): ease of use across (fewer lines of code to the
+    right), ability to customise up (how many of the training step's parts your code writes
+    itself). Returns the figure."""
+    rows = list(profiles)
+    if not rows or not all({"path", "lines of code", "steps you write"} <= set(r) for r in rows):
+        raise TypeError("paths_chart takes what mplab.train.compare.profiles() returns")
+    if ax is None:
+        fig = new_figure((5.5, 4.0), pyplot)
+        ax = fig.subplots()
+        fig.subplots_adjust(left=0.14, right=0.95, bottom=0.15, top=0.9)
+    total = int(rows[0]["steps you write"].split(" of ")[1])
+    for r in rows:
+        written = int(r["steps you write"].split(" of ")[0])
+        ax.scatter(r["lines of code"], written, s=160, color=_PATH_COLORS.get(r["path"], "0.4"),
+                   zorder=3)
+        ax.annotate(f"{r['path']}\n{r['lines of code']} lines, writes {written}/{total}",
+                    (r["lines of code"], written), textcoords="offset points", xytext=(10, -4),
+                    fontsize=8)
+    most = max(r["lines of code"] for r in rows)
+    ax.set_xlim(most * 1.35, 0)  # fewer lines of code is easier: easier to the right
+    ax.set_ylim(-0.8, total + 0.8)
+    ax.set_xlabel("ease of use →  (lines of code you write, fewer to the right)")
+    ax.set_ylabel("ability to customise ↑  (steps you write)")
+    ax.set_title("The ways to train, measured from the code that runs", fontsize=10)
+    ax.grid(True, alpha=0.25)
     return ax.figure

@@ -57,7 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from mplab._display import Table
-from mplab.formats import dtype_of
+from mplab.formats import dtype_of, get_format
 from mplab.hardware import resolve_device
 
 CAST, EXPLICIT_CAST = "cast", "cast (explicit)"
@@ -65,8 +65,6 @@ LOW, FP32_AUTOCAST, FP32 = "low precision", "fp32 (autocast)", "fp32"
 PROMOTE, VIEW, OTHER = "promote", "view", "other"
 KINDS = (CAST, EXPLICIT_CAST, LOW, FP32_AUTOCAST, PROMOTE, FP32, VIEW, OTHER)
 
-_SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-          torch.float64: "fp64"}
 _LOW = (torch.float16, torch.bfloat16)
 _CASTS = ("aten::_to_copy", "aten::copy_")  # copy_(dst, src) casts src into dst's dtype
 # Autocast's promote policy (ATen autocast_mode.cpp, CPU and CUDA lists): the only names taken
@@ -121,7 +119,7 @@ class Trace:
         """E.g. "cpu, autocast bf16" or "cpu, no autocast"."""
         if self.dtype == torch.float32:
             return f"{self.device.type}, no autocast"
-        return f"{self.device.type}, autocast {_SHORT[self.dtype]}"
+        return f"{self.device.type}, autocast {_short(self.dtype)}"
 
     def select(self, phase: str | None = None, kinds=None) -> list[OpRecord]:
         """The records of one phase ("forward"/"backward", None for both) and of some kinds."""
@@ -233,8 +231,16 @@ def _module_label(module: str) -> str:
     return module or "(model)"
 
 
+def _short(dtype) -> str:
+    """mplab's name of a float dtype ("bf16"); other dtypes by torch's name ("float64")."""
+    try:
+        return get_format(dtype).name
+    except ValueError:
+        return str(dtype).removeprefix("torch.")
+
+
 def _dtypes(dtypes) -> str:
-    return ", ".join(_SHORT.get(d, str(d)) for d in dtypes)
+    return ", ".join(_short(d) for d in dtypes)
 
 
 def _seen(dtypes) -> str:

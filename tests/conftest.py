@@ -47,9 +47,9 @@ def notebook_names(xid: str) -> dict:
     lesson module, and in lesson 2 the capture `cap`."""
     names = {"ex": lesson_of(xid)}
     if xid.startswith("2."):
-        from mplab import ranges  # the notebook's cap = ranges.lesson_capture() (cached)
+        from mplab import lessons  # the notebook's cap = lessons.lesson_capture() (cached)
 
-        names["cap"] = ranges.lesson_capture()
+        names["cap"] = lessons.lesson_capture()
     return names
 
 

@@ -361,9 +361,9 @@ def test_training_from_the_panel_in_jupyterlab(lab, page, tmp_path):
         row = table.locator("tr").nth(1)
         row.wait_for()
         cells = row.locator("td").all_inner_texts()
-        assert cells[:5] == ["1", "fp32", cells[2], "float32", "4"]
+        assert cells[:6] == ["1", "torch", "fp32", cells[3], "float32", "4"]
         with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
             assert kernel_value(client, "len(panel.results[0].losses)") == "4"
             final = float(kernel_value(client, "panel.results[0].final_loss"))
-        assert cells[5] == f"{final:.4f}"
+        assert cells[6] == f"{final:.4f}"
         panel.screenshot(path=str(tmp_path / "panel-lab.png"))

@@ -5,8 +5,9 @@ import pytest
 import torch
 from conftest import failed_saying
 
-from mplab import ranges as R
 from mplab.exercises import lesson2 as ex
+from mplab.formats import dtype_of
+from mplab.lessons import lesson_capture
 
 IDS = list(ex.EXERCISES)
 FP16_TINY = torch.finfo(torch.float16).tiny  # the smallest normal
@@ -14,7 +15,7 @@ FP16_TINY = torch.finfo(torch.float16).tiny  # the smallest normal
 
 @pytest.fixture(scope="module")
 def cap():
-    return R.lesson_capture()
+    return lesson_capture()
 
 
 def test_there_are_five_exercises_worth_six_points():
@@ -53,13 +54,10 @@ def test_2_2_reference_is_the_largest_power_of_two_torch_casts_without_inf(cap):
 
 # --- 2.3 ----------------------------------------------------------------------------------------
 
-TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-
-
 def test_2_3_reference_agrees_with_torch_and_has_both_answers():
-    for w, u, fmt in ex.CASES_2_3:
-        stored = torch.tensor(w, dtype=TORCH_DTYPES[fmt])
-        assert ex.is_swamped(w, u, fmt) == bool(stored + u == stored), (w, u, fmt)
+    for w, u, precision in ex.CASES_2_3:
+        stored = torch.tensor(w, dtype=dtype_of(precision))
+        assert ex.is_swamped(w, u, precision) == bool(stored + u == stored), (w, u, precision)
     assert {ex.is_swamped(*c) for c in ex.CASES_2_3} == {True, False}
 
 
@@ -134,7 +132,8 @@ def test_2_5_public_and_hidden_checks(monkeypatch):
 
 def test_2_5_hidden_cases_cover_every_format_and_the_awkward_tensors():
     cases = ex._hidden_2_5()
-    assert {d for _, d, _ in cases} == set(ex._DTYPE_NAMES)
+    assert {d for _, d, _ in cases} == set(ex.HIDDEN_DTYPES_2_5) == {
+        torch.float16, torch.bfloat16, torch.float8_e5m2, torch.float8_e4m3fn}
     for t, dtype, scale in cases:  # the reference is torch's own cast
         assert ex.reference_lost_fraction(t, dtype, scale) == pytest.approx(
             right(t, dtype, scale), abs=1e-6)

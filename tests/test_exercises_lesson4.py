@@ -8,6 +8,7 @@ import torch
 from conftest import failed_saying, run_cell
 
 from mplab.exercises import lesson4 as ex
+from mplab.lessons import lesson_trace
 from mplab.trace import FP32_AUTOCAST
 
 IDS = list(ex.EXERCISES)
@@ -94,7 +95,7 @@ def test_4_3_wrong_choices_explain_themselves():
 
 
 def test_4_4_answers_follow_the_trace():
-    t = ex.lesson_trace()
+    t = lesson_trace()
     forced = {r.op for r in t.records if r.kind == FP32_AUTOCAST}
     assert forced == t.fp32_ops and forced  # the loss's ops, on this torch
     for op in forced:

@@ -165,21 +165,6 @@ def test_ulp_is_the_spacing_in_each_binade():
         assert F.ulp(single, "fp32") == abs(float(np.spacing(np.float32(single)))), v
 
 
-def test_decompose_explains_the_fields():
-    d = F.decompose(0.1, "fp16")
-    assert (d.sign, d.exponent, d.mantissa, d.kind) == (0, 11, 614, "normal")
-    assert d.value == torch.tensor(0.1).half().item()
-    assert d.abs_error == pytest.approx(d.value - 0.1, rel=1e-12)
-    assert d.rel_error == pytest.approx(abs(d.value - 0.1) / 0.1, rel=1e-12)
-    text = str(d)
-    assert "0 01011 1001100110" in text and "2^(11 − 15)" in text
-    assert F.decompose(1e-7, "fp16").kind == "subnormal"
-    assert F.decompose(0.0, "fp16").kind == "zero"
-    assert F.decompose(1e6, "fp16").kind == "inf"
-    assert F.decompose(float("nan"), "bf16").kind == "nan"
-    assert F.decompose(1e6, "fp8_e4m3").value == 448.0
-
-
 def test_accepts_the_ways_a_learner_writes_numbers():
     assert F.round_to("0.1", "fp16") == F.round_to(0.1, "fp16")
     assert F.round_to(Fraction(1, 3), "bf16") == torch.tensor(1 / 3).bfloat16().item()
@@ -215,14 +200,6 @@ def test_bad_formats_and_bit_patterns_are_named_in_the_error():
         F.from_bits(1.5, "fp16")
 
 
-def test_format_table_lists_every_format_with_its_range():
-    table = F.format_table()
-    assert table.column("format") == list(F.FORMATS)
-    row = table.rows[table.column("format").index("fp16")]
-    assert row["largest finite"] == 65504 and row["smallest subnormal"] == 2.0 ** -24
-    assert "<table>" in table._repr_html_() and "65504" in str(table)
-
-
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("huge", ["1e99999999", "-1e-99999999", "2**99999", "2**-99999", "1e400",
                                   10 ** 400, -(10 ** 400), Decimal("1e99999999")])
@@ -231,3 +208,23 @@ def test_numbers_beyond_every_format_are_quick_zeros_or_infinities(huge):
     value = F.round_to(huge, "fp32", exact=True)
     assert value in (0.0, math.inf, -math.inf)
     assert F.round_to(huge, "fp16") == value
+
+
+def test_kind_of_and_exact_value_read_patterns_and_numbers_exactly():
+    assert [F.kind_of(b, "fp16") for b in (0x0000, 0x0001, 0x3C00, 0x7C00, 0x7E00)] == [
+        "zero", "subnormal", "normal", "inf", "nan"]
+    assert F.kind_of(0x7F, "fp8_e4m3") == "nan" and F.kind_of(0x7E, "fp8_e4m3") == "normal"
+    assert F.exact_value("0.1") == (False, Fraction(1, 10))
+    assert F.exact_value(-0.0) == (True, Fraction(0))
+    assert F.exact_value(float("-inf")) == (True, math.inf)
+    assert F.exact_value(torch.tensor([2.5])) == (False, Fraction(5, 2))
+
+
+def test_the_format_argument_is_called_precision_and_positional_use_still_works():
+    assert F.round_to(0.1, precision="fp16") == F.round_to(0.1, "fp16")
+    assert F.to_bits(0.1, precision="bf16") == F.to_bits(0.1, "bf16")
+    assert F.from_bits(0x3C00, precision="fp16") == 1.0
+    assert F.ulp(1.0, precision="fp16") == 2.0**-10
+    assert F.next_up(1.0, precision="fp16") == 1 + 2.0**-10
+    assert F.dtype_of(precision="bf16") is torch.bfloat16
+    assert F.get_format(precision="fp16").name == "fp16"

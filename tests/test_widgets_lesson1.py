@@ -11,8 +11,8 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
+from mplab import explain, lessons, plots
 from mplab import formats as F
-from mplab import plots
 from mplab.widgets import lesson1
 from mplab.widgets.lesson1 import precision_explorer
 
@@ -32,7 +32,7 @@ def shown_bits(explorer, fmt: str) -> str:
 
 def assert_rows_show(explorer, x: float) -> None:
     for name in F.FORMATS:
-        d = F.decompose(x, name)
+        d = explain.decompose(x, name)
         assert shown_bits(explorer, name) == d.bit_string.replace(" ", ""), name
         assert f"= {d.value!r}" in explorer.rows[name].value.value, name
 
@@ -183,18 +183,9 @@ def test_the_weight_preset_is_an_initialised_linear_layer_weight(explorer):
     assert "nn.Linear(768, 768)" in label and "initialised" in label
     torch.manual_seed(0)
     assert float(text) == torch.nn.Linear(768, 768).weight[0, 0].item()
-    assert float(text) == lesson1.layer_weight()
+    assert float(text) == lessons.layer_weight()
     explorer.preset.value = text
-    assert F.decompose(explorer.value, "fp32").abs_error == 0  # a weight already is an fp32
-
-
-def test_layer_weight_leaves_the_callers_random_state_alone():
-    torch.manual_seed(123)
-    expected = torch.rand(3)
-    torch.manual_seed(123)
-    lesson1.layer_weight.cache_clear()
-    lesson1.layer_weight()
-    assert torch.equal(torch.rand(3), expected)
+    assert explain.decompose(explorer.value, "fp32").abs_error == 0  # a weight already is fp32
 
 
 def test_setting_value_from_python_updates_every_row(explorer):
@@ -204,30 +195,36 @@ def test_setting_value_from_python_updates_every_row(explorer):
     explorer.value = 70000
     assert explorer.value == 70000.0 and explorer.text.value == "70000.0"
     assert_rows_show(explorer, 70000.0)
-    assert "overflow: became inf" in explorer.table.value  # fp16
-    assert "overflow: saturated" in explorer.table.value  # fp8 e4m3, as torch casts it
+    notes = {r["format"]: r["note"] for r in explorer.table_rows}
+    assert notes["fp16"] == "overflow: became inf"
+    assert notes["fp8_e4m3"] == "overflow: saturated at the largest finite"  # as torch casts it
+    assert "overflow: became inf" in explorer.table.value  # and the table shows it
 
 
 def test_table_shows_stored_value_kind_errors_and_ulp(explorer):
     explorer.text.value = "1e-8"
-    for name in F.FORMATS:
-        d = F.decompose(1e-8, name)
-        for cell in (lesson1.exact_decimal(d.value), d.kind, f"{d.rel_error:.3g}",
+    assert [r["format"] for r in explorer.table_rows] == list(F.FORMATS)
+    for name, row in zip(F.FORMATS, explorer.table_rows):
+        d = explain.decompose(1e-8, name)
+        assert row == explain.stored_row(1e-8, d, name)
+        assert row["stored value, exactly"] == explain.exact_decimal(d.value)
+        assert row["bits"] == F.to_bits(1e-8, name)
+        for cell in (row["stored value, exactly"], d.kind, f"{d.rel_error:.3g}",
                      f"{F.ulp(d.value, name):.3g}"):
-            assert cell in explorer.table.value, (name, cell)
-    assert "underflow: became 0" in explorer.table.value  # fp16 and fp8
+            assert cell in explorer.table.value, (name, cell)  # what the learner reads
+    assert {r["format"] for r in explorer.table_rows if r["note"] == "underflow: became 0"} == {
+        "fp16", "fp8_e4m3", "fp8_e5m2"}
 
 
-def test_exact_decimal_writes_every_digit_up_to_a_limit():
-    assert lesson1.exact_decimal(F.round_to(0.1, "fp32")) == "0.100000001490116119384765625"
-    assert lesson1.exact_decimal(0.1) == "0.100000000000000005551115123125…"
-    assert lesson1.exact_decimal(65504.0) == "65504"
-    assert lesson1.exact_decimal(2.0 ** -24) == "5.9604644775390625e-8"
-    assert lesson1.exact_decimal(-0.0) == "-0.0" and lesson1.exact_decimal(math.inf) == "inf"
+def test_a_nan_pattern_made_by_a_click_stays_in_the_table(explorer):
+    explorer.value = math.inf
+    explorer.rows["fp16"].buttons[0].click()  # inf with a mantissa bit: a NaN pattern
+    row = next(r for r in explorer.table_rows if r["format"] == "fp16")
+    assert row["bits"] == 0x7C01 and row["kind"] == "nan"
 
 
 def test_formats_can_be_chosen():
-    explorer = precision_explorer("1/3", formats=["fp16", torch.bfloat16])
+    explorer = precision_explorer("1/3", precisions=["fp16", torch.bfloat16])
     assert list(explorer.rows) == ["fp16", "bf16"]
     assert explorer.value == 1 / 3
 
@@ -270,7 +267,7 @@ def test_ulp_plot_marks_x_on_every_curve_that_holds_it():
 def test_ulp_plot_hides_the_marker_for_zero_and_draws_into_a_given_axes():
     fig = Figure()
     ax = fig.add_subplot()
-    assert plots.ulp_plot(0.0, formats=["fp16", "bf16"], ax=ax) is fig
+    assert plots.ulp_plot(0.0, precisions=["fp16", "bf16"], ax=ax) is fig
     lines = lines_by_gid(ax)
     assert {"ulp-fp16", "ulp-bf16"} <= set(lines) and "ulp-fp32" not in lines
     assert not lines["ulp-marker-line"].get_visible()

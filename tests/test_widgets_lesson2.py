@@ -1,19 +1,20 @@
 """Lesson 2's widgets, driven from Python as a learner drives them in the browser.
 
 Every number a widget shows is compared with direct torch casts of the same tensors, or with
-mplab.ranges where the reference is a run of steps."""
+mplab.casts and mplab.failures where the reference is a sum or a run of steps."""
 
 import re
 
 import pytest
 import torch
 
-from mplab import ranges as R
+from mplab.capture import Capture, capture
+from mplab.casts import largest_safe_scale
+from mplab.failures import swamping_run
+from mplab.formats import dtype_of
 from mplab.models import lesson_model
 from mplab.widgets import lesson2
 from mplab.widgets.lesson2 import loss_scale_explorer, swamping_demo
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8_e5m2": torch.float8_e5m2}
 
 
 @pytest.fixture(scope="module")
@@ -24,55 +25,55 @@ def cap():
     batch = {"input_ids": torch.randint(5, model.config.vocab_size, (4, 16), generator=g),
              "attention_mask": torch.ones(4, 16, dtype=torch.long),
              "labels": torch.tensor([0, 1, 1, 0])}
-    return R.capture(model, batch)
+    return capture(model, batch)
 
 
-def torch_lost(t: torch.Tensor, fmt: str, scale: float) -> tuple[int, int, int]:
-    """(nonzero, flushed to 0, overflowed to inf) when torch casts t * scale to fmt."""
+def torch_lost(t: torch.Tensor, precision: str, scale: float) -> tuple[int, int, int]:
+    """(nonzero, flushed to 0, overflowed to inf) when torch casts t * scale to the format."""
     x = t.float() * scale
     alive = (x != 0) & torch.isfinite(x)
-    y = x.to(DTYPES[fmt]).float()
+    y = x.to(dtype_of(precision)).float()
     over = alive & ~torch.isfinite(y)
     return int(alive.sum()), int((alive & (y == 0)).sum()), int(over.sum())
 
 
-def table_rows(explorer) -> dict[str, list[str]]:
-    """The per-layer table's cells, by layer name, as the browser shows them."""
-    rows = re.findall(r"<tr>(.*?)</tr>", explorer.table.value)
-    cells = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in rows]
-    return {re.sub(r"<.*?>", "", c[0]): [re.sub(r"<.*?>", "", x) for x in c[1:]] for c in cells}
+def table_rows(explorer) -> dict[str, dict]:
+    """The per-layer table's rows, by layer name."""
+    return {r["layer"]: r for r in explorer.table_rows}
 
 
-def pct(n: int, d: int) -> str:
-    return lesson2._pct(n / d if d else 0.0)
-
-
-@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp8_e5m2"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp8_e5m2"])
 @pytest.mark.parametrize("k", [0, 9, 17, 24])
-def test_moving_the_slider_shows_what_torch_casts_do_to_each_layer(cap, fmt, k):
-    explorer = loss_scale_explorer(cap, "activation_grads", fmt)
+def test_moving_the_slider_shows_what_torch_casts_do_to_each_layer(cap, precision, k):
+    explorer = loss_scale_explorer(cap, "activation_grads", precision)
     explorer.slider.value = k
     assert explorer.scale == 2.0**k and explorer.message.value == ""
     shown = table_rows(explorer)
     assert list(shown) == list(cap.activation_grads)
     totals = [0, 0, 0]
     for name, t in cap.activation_grads.items():
-        nonzero, lost, over = torch_lost(t, fmt, 2.0**k)
+        nonzero, lost, over = torch_lost(t, precision, 2.0**k)
         totals = [a + b for a, b in zip(totals, (nonzero, lost, over))]
-        assert shown[name][1] == f"{nonzero:,}", name
-        assert shown[name][2] == pct(lost, nonzero), name
-        assert shown[name][4] == pct(over, nonzero), name
+        row = shown[name]
+        assert row["nonzero"] == nonzero, name
+        assert row["lost (→ 0)"] == (lost / nonzero if nonzero else 0.0), name
+        assert row["overflow"] == (over / nonzero if nonzero else 0.0), name
+        assert row["type"] == cap.layer_types[name]
+        assert row["max |x·scale|"] == t.abs().max().item() * 2.0**k
     nonzero, lost, over = totals
-    assert f"<b>{pct(lost, nonzero)}</b> flushed to 0" in explorer.summary.value
-    assert f"{pct(over, nonzero)} overflow" in explorer.summary.value
+    total = explorer.total
+    assert (total.nonzero, total.underflow, total.overflow) == (nonzero, lost, over)
+    assert f"<b>{lesson2.percent(lost / nonzero)}</b> flushed to 0" in explorer.summary.value
+    assert f"{lesson2.percent(over / nonzero)} overflow" in explorer.summary.value
     assert f"At scale 2^{k} " in explorer.summary.value
+    assert explorer.table.value.count("<tr>") == len(cap.activation_grads)
 
 
 def test_the_slider_changes_the_table_and_the_plot_and_a_big_scale_overflows(cap):
     explorer = loss_scale_explorer(cap)
     before_table, before_plot = explorer.table.value, explorer.plot.value
     assert bytes(before_plot).startswith(b"\x89PNG")
-    safe = R.largest_safe_scale(list(cap.magnitudes("activation_grads").values()), "fp16")
+    safe = largest_safe_scale(list(cap.magnitudes("activation_grads").values()), "fp16")
     k = int(safe).bit_length()  # one binade past the safe scale: something overflows
     explorer.log2_scale = k
     assert explorer.table.value != before_table and explorer.plot.value != before_plot
@@ -85,7 +86,7 @@ def test_the_slider_changes_the_table_and_the_plot_and_a_big_scale_overflows(cap
 def test_format_kind_and_layer_controls(cap):
     explorer = loss_scale_explorer(cap, log2_scale=0)
     fp16_lost = explorer.stats
-    explorer.format.value = "bf16"  # fp32's range: nothing flushes at scale 1
+    explorer.precision.value = "bf16"  # fp32's range: nothing flushes at scale 1
     assert all(st.underflow == 0 for st in explorer.stats.values())
     assert any(st.underflow for st in fp16_lost.values())
     explorer.kind.value = "weight_grads"
@@ -104,16 +105,16 @@ def test_a_failure_inside_a_callback_is_shown_not_raised(cap, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("the plot broke")
 
-    monkeypatch.setattr(lesson2.plots, "exponent_histogram_plot", broken)
+    monkeypatch.setattr(lesson2.cast_plots, "exponent_histogram_plot", broken)
     explorer.slider.value = 5  # must not raise into the kernel
     assert "RuntimeError: the plot broke" in explorer.message.value
 
 
 @pytest.mark.parametrize("bad, error, words", [
-    ({"capture": "grads"}, TypeError, "mplab.ranges.capture"),
+    ({"capture": "grads"}, TypeError, "mplab.capture.capture"),
     ({"kind": "gradients"}, ValueError, "'activation_grads'"),
-    ({"fmt": "fp32"}, ValueError, "'fp16'"),
-    ({"fmt": "fp17"}, ValueError, "fp17"),
+    ({"precision": "fp32"}, ValueError, "'fp16'"),
+    ({"precision": "fp17"}, ValueError, "fp17"),
     ({"log2_scale": 30}, ValueError, "0 to 24"),
     ({"log2_scale": 2.5}, ValueError, "0 to 24"),
 ])
@@ -124,9 +125,10 @@ def test_bad_explorer_arguments_say_what_is_accepted(cap, bad, error, words):
 
 
 def test_a_capture_without_that_kind_says_so(cap):
-    empty = R.Capture(cap.activations, {}, cap.weight_grads, cap.loss, cap.layer_types)
+    empty = Capture(cap.activations, {}, cap.weight_grads, cap.loss, cap.layer_types)
     explorer = loss_scale_explorer(empty)
     assert "holds no activation grads" in explorer.summary.value and explorer.table.value == ""
+    assert explorer.table_rows == [] and explorer.total is None
 
 
 # --- swamping -----------------------------------------------------------------------------------
@@ -150,20 +152,21 @@ def test_swamping_demo_learning_rate_and_format():
     demo = swamping_demo()
     plot = demo.plot.value
     demo.lr.value = 1e-2  # above half an ulp of fp16 near 1..11: nothing lost
-    expected = R.swamping_run(1.0, demo.lr.value, 1000, "fp16")
+    expected = swamping_run(1.0, demo.lr.value, 1000, "fp16")
     assert demo.run.lost_steps == expected.lost_steps == 0
     assert demo.plot.value != plot
     demo.lr.value = 1e-3
-    demo.format.value = "bf16"  # bf16's ulp at 1 is 2^-7: 1e-3 is lost
+    demo.precision.value = "bf16"  # bf16's ulp at 1 is 2^-7: 1e-3 is lost
     assert demo.run.lost_steps == 1000
     assert "In bf16, an update of 0.001 vanishes once |w| ≥ 0.5" in demo.summary.value
-    demo.format.value = "fp32"
+    demo.precision.value = "fp32"
     assert demo.run.lost_steps == 0
 
 
 @pytest.mark.parametrize("bad, words", [
     ({"lr": 5.0}, "1e-6 to 1"), ({"lr": "big"}, "1e-6 to 1"), ({"steps": -1}, "steps"),
-    ({"fmt": "int8"}, "int8"), ({"fmt": "tf32"}, "'fp16'"), ({"w0": float("nan")}, "w0"),
+    ({"precision": "int8"}, "int8"), ({"precision": "tf32"}, "'fp16'"),
+    ({"w0": float("nan")}, "w0"),
 ])
 def test_bad_swamping_arguments_say_what_is_accepted(bad, words):
     with pytest.raises(ValueError, match=re.escape(words)):

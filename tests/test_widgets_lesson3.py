@@ -8,22 +8,17 @@ import pytest
 import torch
 
 from mplab import plots
+from mplab.lessons import ScalerRun
 from mplab.widgets import lesson3
 from mplab.widgets.lesson3 import scaler_stepper
 
 
 def torch_run(clicks: list[bool], **settings) -> torch.amp.GradScaler:
     """torch's scaler through the same iterations (True: an inf injected)."""
-    twin = lesson3._Twin(torch.amp.GradScaler("cpu", **settings))
+    run = ScalerRun(torch.amp.GradScaler("cpu", **settings))
     for inject in clicks:
-        twin.iteration(inject)
-    return twin.scaler
-
-
-def cells(stepper) -> list[list[str]]:
-    rows = re.findall(r"<tr>(.*?)</tr>", stepper.table.value)
-    return [[re.sub(r"<.*?>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r)]
-            for r in rows]
+        run.iteration(inject)
+    return run.scaler
 
 
 def test_clicks_step_the_scaler_exactly_as_torch_does():
@@ -43,9 +38,13 @@ def test_clicks_step_the_scaler_exactly_as_torch_does():
     assert [r.found_inf for r in history] == clicks
     assert f"scale <b>{ref.get_scale():g}</b>" in stepper.status.value
     assert "2 steps skipped" in stepper.status.value
-    last = cells(stepper)
-    assert len(last) == lesson3._ROWS and last[-1][0] == "14"
-    assert last[-2][2:4] == ["yes", "skipped"] and last[-1][2:4] == ["no", "taken"]
+    last = stepper.table_rows
+    assert len(last) == lesson3.ROWS_SHOWN and last[-1]["iteration"] == 14
+    assert (last[-2]["inf/NaN found"], last[-2]["step"]) == (True, "skipped")
+    assert (last[-1]["inf/NaN found"], last[-1]["step"]) == (False, "taken")
+    assert last[-1]["new scale"] == ref.get_scale()
+    assert [r["scale used"] for r in last[1:]] == [r["new scale"] for r in last[:-1]]
+    assert stepper.table.value.count("<tr>") == lesson3.ROWS_SHOWN  # what the table shows
 
 
 def test_settings_restart_the_run_with_the_new_values():
@@ -102,3 +101,21 @@ def test_timeline_plot_marks_the_skipped_steps():
     assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [1]
     with pytest.raises(TypeError, match="GradScaler.history"):
         plots.scaler_timeline_plot([1.0, 2.0])
+
+
+def test_timeline_plot_reads_an_fp16_training_run_like_the_scalers_own_history():
+    """Lesson 3's real run: the same staircase and crosses from a TrainResult's record."""
+    from mplab.train import TrainResult
+
+    run = TrainResult("torch", "fp16", "cpu", "lesson", losses=[0.7, 0.7, 0.6],
+                      scales=[2.0**23, 2.0**22, 2.0**22], skipped_steps=[1, 2],
+                      config={"init_scale": 2.0**24})
+    ax = plots.scaler_timeline_plot(run, pyplot=False).axes[0]
+    assert ax.get_title() == "3 iterations, 2 skipped"
+    (staircase,) = [line for line in ax.get_lines() if line.get_marker() != "x"]
+    assert list(staircase.get_ydata()) == [24, 23, 22, 22]
+    (crosses,) = [line for line in ax.get_lines() if line.get_marker() == "x"]
+    assert list(crosses.get_xdata()) == [0, 1]
+    bf16 = TrainResult("torch", "bf16", "cpu", "lesson", losses=[0.7])
+    with pytest.raises(TypeError, match="used no GradScaler"):
+        plots.scaler_timeline_plot(bf16)

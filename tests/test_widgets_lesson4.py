@@ -25,8 +25,8 @@ def test_pressing_train_runs_mplab_train_and_adds_a_row():
     assert result.losses == direct.losses  # the same seeded run, bit for bit
     assert result.compute_dtype == torch.float32
     (row,) = panel.rows
-    assert (row["run"], row["precision"], row["matmuls ran in"], row["steps"]) == (
-        1, "fp32", "float32", 3)
+    assert (row["run"], row["path"], row["precision"], row["matmuls ran in"], row["steps"]) == (
+        1, "torch", "fp32", "float32", 3)
     assert row["final loss"] == f"{direct.final_loss:.4f}" and row["vs fp32"] == "1.00×"
     assert f"<td style=\"padding:1px 8px\">{row['final loss']}</td>" in panel.table.value
     assert bytes(panel.plot.value).startswith(b"\x89PNG")
@@ -77,6 +77,7 @@ def test_any_other_failure_is_shown_not_raised(monkeypatch):
     ({"precision": "fp8"}, "'fp32', 'fp16', 'bf16'"), ({"device": "tpu"}, "'auto', 'cpu'"),
     ({"steps": 0}, "1 to 5000"), ({"lr": -1.0}, "lr must be"),
     ({"steps_per_epoch": 3}, "steps_per_epoch"), ({"on_step": print}, "panel's own controls"),
+    ({"path": "keras"}, "unknown path 'keras'; accepted: 'torch'"),
 ])
 def test_bad_settings_say_what_is_accepted(bad, words):
     with pytest.raises((ValueError, TypeError), match=re.escape(words)):

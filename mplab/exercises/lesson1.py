@@ -24,7 +24,8 @@ from mplab.exercises import (
     cell,
     need_function,
 )
-from mplab.formats import FORMATS, decompose, field_bits, from_bits, get_format
+from mplab.explain import decompose
+from mplab.formats import FORMATS, field_bits, from_bits, get_format
 
 FP16 = get_format("fp16")
 
@@ -302,7 +303,7 @@ EXERCISES = {e.id: e for e in [
             "An fp16 pattern is three fields: 1 sign bit, 5 exponent bits, 10 mantissa bits. "
             "The exponent is stored with a bias, and a normal number has a hidden leading 1 in "
             "front of the mantissa.",
-            "print(mplab.formats.decompose(-1.5, \"fp16\")) shows the fields of a number you know "
+            "print(mplab.explain.decompose(-1.5, \"fp16\")) shows the fields of a number you know "
             "and the formula that turns them back into its value; get_format(\"fp16\").bias is "
             "the bias.",
             "sign = 1, exponent = 0b10010 = 18, mantissa = 0b1010000000 = 640, so the value is "

@@ -447,8 +447,8 @@ EXERCISES = {e.id: e for e in [
         hints=(
             "A loss scaler rescues values that would underflow. Which property of a format "
             "decides where underflow starts: its exponent bits or its mantissa bits?",
-            "F.format_table([\"fp16\", \"bf16\", \"fp32\"]) in lesson 1 compares their smallest "
-            "normal and subnormal values.",
+            "explain.format_table([\"fp16\", \"bf16\", \"fp32\"]) in lesson 1 compares their "
+            "smallest normal and subnormal values.",
             "bf16 and fp32 share 8 exponent bits, so bf16's smallest numbers are fp32's.",
         )),
     Exercise(

@@ -5,8 +5,8 @@
 
 The references are runs: a learner's order of calls is executed with torch.amp.GradScaler (and
 its real error, if any, is quoted), a learner's training step is compared bit for bit with the
-course's loop, and the trace questions are answered by :func:`mplab.trace.trace` on the lesson
-model, the same trace the notebook shows.
+course's loop, and the trace questions are answered by :func:`mplab.lessons.lesson_trace`, the
+same trace the notebook shows.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from mplab.exercises import (
     need_function,
     python_block,
 )
-from mplab.trace import FP32_AUTOCAST, LOW, PROMOTE, trace
+from mplab.lessons import lesson_trace
+from mplab.trace import FP32_AUTOCAST, LOW, PROMOTE
 
 # --- 4.1 order the calls ----------------------------------------------------------------------
 
@@ -205,18 +206,6 @@ REASONS_4_4 = {
          "promotes to fp32, and `layer_norm` runs in the dtype it is given.",
     "c": "`layer_norm` has no bf16 kernel on the CPU.",
 }
-
-
-@functools.cache
-def lesson_trace():
-    """The lesson model's bf16 autocast trace on the CPU (4 training reviews): the one the
-    notebook shows."""
-    from mplab.data import encode, load_dataset
-    from mplab.models import lesson_model, lesson_tokenizer
-
-    reviews = load_dataset("sentiment", "train")
-    batch = encode(lesson_tokenizer(), reviews.texts[:4], reviews.labels[:4])
-    return trace(lesson_model(), batch, precision="bf16", device="cpu")
 
 
 def _kinds_of(op: str) -> set[str]:

@@ -7,7 +7,8 @@
 One number in every format side by side: its bits as coloured boxes (click one to flip it),
 its neighbours in each format (◀ ▶), what each format stores and what that costs, and where
 the number sits on the plot of spacing against magnitude. Every figure comes from
-mplab.formats and mplab.plots; this module only builds the controls and renders results.
+mplab.formats, mplab.explain and mplab.plots; this module only builds the controls and renders
+results.
 """
 
 from __future__ import annotations
@@ -18,20 +19,19 @@ import html
 import math
 import re
 import sys
-from decimal import ROUND_DOWN, Context, Decimal
 from typing import NamedTuple
 
 import ipywidgets as widgets
-import torch
 import traitlets
 
+from mplab import explain, plots
 from mplab import formats as F
-from mplab import plots
 from mplab.formats import FloatFormat
+from mplab.lessons import layer_weight
 from mplab.widgets._common import guarded
 
 __all__ = ["precision_explorer", "PrecisionExplorer", "read_number", "Reading", "presets",
-           "layer_weight", "exact_decimal", "cast_note", "FIELD_COLORS"]
+           "FIELD_COLORS"]
 
 #: Colour of a bit box by field: (bit is 1, bit is 0).
 FIELD_COLORS = {
@@ -43,16 +43,6 @@ ACCEPTED = "numbers like 0.1, -1e-8, 65504, 1/3, 2**-24, pi, inf or nan"
 
 
 # --- what the explorer reads and shows (plain functions: tests call them directly) ----------
-
-@functools.cache
-def layer_weight(seed: int = 0, row: int = 0, col: int = 0) -> float:
-    """weight[row, col] of a torch.nn.Linear(768, 768) just initialised under manual_seed(seed).
-    The caller's random state is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        layer = torch.nn.Linear(768, 768)
-    return layer.weight[row, col].item()
-
 
 def presets() -> list[tuple[str, str]]:
     """The preset dropdown's (label, text) pairs; the text is read like typed text."""
@@ -90,38 +80,6 @@ def read_number(text: str) -> Reading:
         return Reading(x, f"{text.strip()} is closer to 0 than the smallest Python float "
                           f"({math.ulp(0.0)!r}), so the explorer holds {x!r}.")
     return Reading(x)
-
-
-def exact_decimal(v: float, max_digits: int = 30) -> str:
-    """Every binary float is a finite decimal: v's, digit for digit, cut to max_digits
-    significant digits (marked with …)."""
-    if not math.isfinite(v) or v == 0:
-        return repr(v)
-    exact = Decimal(v)
-    context = Context(prec=max_digits, rounding=ROUND_DOWN)
-    d = context.plus(exact)
-    cut = d != exact
-    d = d.normalize(context)
-    text = format(d, "f") if -7 <= d.adjusted() < 16 else format(d, "e")
-    return text + ("…" if cut else "")
-
-
-def cast_note(x: float, d, fmt) -> str:
-    """What the cast to fmt did to x, in words, when it did more than round (d: decompose)."""
-    f = F.get_format(fmt)
-    if not math.isfinite(x):
-        return ""
-    if x != 0 and d.kind == "zero":
-        return "underflow: became 0"
-    if d.kind == "inf":
-        return "overflow: became inf"
-    if d.kind == "nan":
-        return "overflow: became NaN"
-    if abs(x) > f.max_finite:
-        return "overflow: saturated at the largest finite"
-    if d.kind == "subnormal":
-        return "subnormal: fewer significant bits"
-    return ""
 
 
 def _num(v: float) -> str:
@@ -206,16 +164,17 @@ class PrecisionExplorer(widgets.VBox):
 
     `value` is the number explored (a Python float, i.e. a double), readable and settable
     from Python; `text`, `preset`, `rows[name].buttons[bit]`, `rows[name].down/.up`,
-    `message`, `table` and `plot` are the controls and outputs a test can drive.
+    `message`, `table` and `plot` are the controls and outputs a test can drive, and
+    `table_rows` the rows the table shows, as data (:func:`mplab.explain.stored_row`).
     """
 
     value = _SignedFloat(0.1, help="the number being explored (a Python float)")
 
-    def __init__(self, value=0.1, formats=None):
+    def __init__(self, value=0.1, precisions=None):
         super().__init__()
-        self.formats = [F.get_format(f) for f in (formats or F.FORMATS)]
+        self.formats = [F.get_format(f) for f in (precisions or F.FORMATS)]
         if len({f.name for f in self.formats}) != len(self.formats):
-            raise ValueError(f"formats must have distinct names, got {formats!r}")
+            raise ValueError(f"precisions must have distinct names, got {precisions!r}")
         self._pending = {}  # what the next render should show besides the value
         self._pin = None  # (format, bits) last clicked: kept when it is one of many NaNs
         self._syncing = False
@@ -244,6 +203,7 @@ class PrecisionExplorer(widgets.VBox):
         self.rows = {f.name: _BitRow(f, self, styles, bit_layout, width) for f in self.formats}
         self.table = widgets.HTML()
         self.table.add_class("mplab-table")
+        self.table_rows: list[dict] = []
         self._png = _ulp_frames(tuple(self.formats))
         width, _ = self._png.canvas.get_width_height()  # its own size, smaller if need be
         self.plot = widgets.Image(format="png", layout=widgets.Layout(
@@ -323,15 +283,15 @@ class PrecisionExplorer(widgets.VBox):
         self.current.value = (f"x = <code>{html.escape(repr(x))}</code> "
                               '<span style="color:#666">(a Python float, i.e. fp64; each row '
                               "shows what a cast to that format stores)</span>")
-        table = []
+        self.table_rows = []
         for f in self.formats:
-            d = F.decompose(x, f)
+            d = explain.decompose(x, f)
             if self._pin and self._pin[0] == f.name:  # keep the NaN pattern the learner made
                 s, e, m = F.field_bits(self._pin[1], f)
                 d = dataclasses.replace(d, bits=self._pin[1], sign=s, exponent=e, mantissa=m)
             self.rows[f.name].show(d)
-            table.append((f, d))
-        self.table.value = _table_html(x, table)
+            self.table_rows.append(explain.stored_row(x, d, f))
+        self.table.value = _table_html(self.table_rows, {f.name: f for f in self.formats})
         self.plot.value = self._png.png(x)
 
 
@@ -353,17 +313,16 @@ def _legend_html() -> str:
             "it; ◀ ▶ step to the neighbouring number in that format.</span></div>")
 
 
-def _table_html(x: float, rows) -> str:
-    head = ["format", "stored value, exactly", "kind", "abs. error", "rel. error",
-            "spacing here (ulp)", "bits", "note"]
+def _table_html(rows: list[dict], formats: dict[str, FloatFormat]) -> str:
+    head = list(rows[0]) if rows else []
     th = "".join(f'<th style="padding:2px 8px;text-align:left">{h}</th>' for h in head)
     body = []
-    for f, d in rows:
-        spacing = F.ulp(d.value, f) if math.isfinite(d.value) else math.nan
-        cells = [f"<b>{f.name}</b>", f"<code>{exact_decimal(d.value)}</code>", d.kind,
-                 _num(d.abs_error), _num(d.rel_error), _num(spacing),
-                 f"<code>0x{d.bits:0{(f.bits + 3) // 4}X}</code>",
-                 f'<span style="color:#b00020">{cast_note(x, d, f)}</span>']
+    for r in rows:
+        digits = (formats[r["format"]].bits + 3) // 4
+        cells = [f"<b>{r['format']}</b>", f"<code>{r['stored value, exactly']}</code>", r["kind"],
+                 _num(r["abs. error"]), _num(r["rel. error"]), _num(r["spacing here (ulp)"]),
+                 f"<code>0x{r['bits']:0{digits}X}</code>",
+                 f'<span style="color:#b00020">{r["note"]}</span>']
         body.append("<tr>" + "".join(f'<td style="padding:2px 8px">{c}</td>' for c in cells)
                     + "</tr>")
     return (f'<table style="border-collapse:collapse;font-size:12px;line-height:1.5;'
@@ -372,7 +331,7 @@ def _table_html(x: float, rows) -> str:
             f"<tbody>{''.join(body)}</tbody></table>")
 
 
-def precision_explorer(value=0.1, formats=None) -> PrecisionExplorer:
-    """The precision explorer for value (a number, or text like "1/3"), over formats
+def precision_explorer(value=0.1, precisions=None) -> PrecisionExplorer:
+    """The precision explorer for value (a number, or text like "1/3"), over `precisions`
     (default: every format in mplab.formats.FORMATS). `.value` is the number it shows."""
-    return PrecisionExplorer(value, formats)
+    return PrecisionExplorer(value, precisions)

@@ -1,11 +1,12 @@
 """Lesson 2 widgets: move the loss scale over a real model's gradients; watch updates vanish.
 
     from mplab.widgets.lesson2 import loss_scale_explorer, swamping_demo
-    explorer = loss_scale_explorer(ranges.lesson_capture())   # explorer.log2_scale = 16
-    demo = swamping_demo()                                      # demo.master.value = True
+    explorer = loss_scale_explorer(lessons.lesson_capture())   # explorer.log2_scale = 16
+    demo = swamping_demo()                                       # demo.master.value = True
 
-The numbers come from :mod:`mplab.ranges` (exact counts of what torch's casts do) and the
-figures from :mod:`mplab.plots`; this module only builds the controls and shows the results.
+The numbers come from :mod:`mplab.casts` (exact counts of what torch's casts do) and
+:mod:`mplab.failures`, the figures from :mod:`mplab.cast_plots`; this module only builds the
+controls and shows the results.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ import operator
 import ipywidgets as widgets
 import numpy as np
 
-from mplab import plots, ranges
+from mplab import cast_plots
+from mplab.capture import KINDS, Capture
+from mplab.casts import CastStats, combined, largest_safe_scale
+from mplab.failures import SwampRun, finite_number, swamp_threshold, swamping_run
 from mplab.formats import get_format
+from mplab.histograms import format_bands
 from mplab.widgets._common import guarded, png
 
 __all__ = ["loss_scale_explorer", "LossScaleExplorer", "swamping_demo", "SwampingDemo",
-           "SWAMP_FORMATS", "LOSS_SCALE_FORMATS"]
+           "SWAMP_FORMATS", "LOSS_SCALE_FORMATS", "percent"]
 
 #: Formats the loss-scale explorer offers: the ones a gradient can be stored in.
 LOSS_SCALE_FORMATS = ("fp16", "bf16", "fp8_e5m2", "fp8_e4m3")
@@ -32,7 +37,8 @@ SWAMP_FORMATS = ("fp16", "bf16", "fp32", "fp8_e5m2", "fp8_e4m3")
 _LOST_RED = 0.01  # a layer losing more than 1 % of its nonzero values is shown in red
 
 
-def _pct(x: float) -> str:
+def percent(x: float) -> str:
+    """A share as the widgets write it: "0", "12.3 %", or "<0.001 %" below 10^-5."""
     if x == 0:
         return "0"
     return f"{100 * x:.3g} %" if x >= 1e-5 else "<0.001 %"
@@ -49,38 +55,43 @@ def _choice(value, accepted, what: str) -> str:
 class LossScaleExplorer(widgets.VBox):
     """A captured step's values under a loss scale. Build it with :func:`loss_scale_explorer`.
 
-    Controls a test (or a learner) can drive: `slider` (log2 of the scale, 0 to 24), `format`,
-    `kind`, `layer` ("" for all layers, or one layer's name: the histogram shows it alone);
-    outputs: `plot` (PNG of the per-layer exponent histograms), `summary`, `table`
-    (per layer: the share of nonzero values flushed to 0, landing subnormal, overflowing),
-    `message`. `scale` is the scale shown; `stats` the per-layer CastStats behind the table.
+    Controls a test (or a learner) can drive: `slider` (log2 of the scale, 0 to 24),
+    `precision` (the format cast to), `kind`, `layer` ("" for all layers, or one layer's name:
+    the histogram shows it alone); outputs: `plot` (PNG of the per-layer exponent histograms),
+    `summary`, `table` (per layer: the share of nonzero values flushed to 0, landing
+    subnormal, overflowing), `message`. `scale` is the scale shown; `stats` the per-layer
+    CastStats; `table_rows` the table's rows as data (layer, type and
+    :meth:`~mplab.casts.CastStats.nonzero_row`); `total` all layers' CastStats together.
     """
 
-    def __init__(self, capture: ranges.Capture, kind: str = "activation_grads",
-                 fmt: str = "fp16", log2_scale: int = 0):
+    def __init__(self, capture: Capture, kind: str = "activation_grads",
+                 precision: str = "fp16", log2_scale: int = 0):
         super().__init__()
-        if not isinstance(capture, ranges.Capture):
-            raise TypeError(f"loss_scale_explorer takes what mplab.ranges.capture returns, got "
+        if not isinstance(capture, Capture):
+            raise TypeError(f"loss_scale_explorer takes what mplab.capture.capture returns, got "
                             f"{type(capture).__name__}")
-        fmt = get_format(fmt).name
-        _choice(fmt, LOSS_SCALE_FORMATS, "format")
-        _choice(kind, ranges.KINDS, "kind")
+        precision = get_format(precision).name
+        _choice(precision, LOSS_SCALE_FORMATS, "precision")
+        _choice(kind, KINDS, "kind")
         if isinstance(log2_scale, bool) or not isinstance(log2_scale, int) or not (
                 0 <= log2_scale <= 24):
             raise ValueError(f"log2_scale must be a whole number from 0 to 24, got {log2_scale!r}")
         self.capture = capture
         self._quiet = False
         self._xlims: dict[str, tuple[int, int]] = {}
-        self.stats: dict[str, ranges.CastStats] = {}
+        self.stats: dict[str, CastStats] = {}
+        self.total: CastStats | None = None
+        self.table_rows: list[dict] = []
         self.slider = widgets.IntSlider(log2_scale, min=0, max=24, description="log2 scale",
                                         continuous_update=False,
                                         style={"description_width": "initial"},
                                         layout=widgets.Layout(width="420px"))
         self.slider.add_class("mplab-scale-slider")
-        self.format = widgets.Dropdown(options=LOSS_SCALE_FORMATS, value=fmt, description="format",
-                                       layout=widgets.Layout(width="200px"))
-        self.format.add_class("mplab-scale-format")
-        self.kind = widgets.Dropdown(options=[(k.replace("_", " "), k) for k in ranges.KINDS],
+        self.precision = widgets.Dropdown(options=LOSS_SCALE_FORMATS, value=precision,
+                                          description="format",
+                                          layout=widgets.Layout(width="200px"))
+        self.precision.add_class("mplab-scale-format")
+        self.kind = widgets.Dropdown(options=[(k.replace("_", " "), k) for k in KINDS],
                                      value=kind, description="values",
                                      layout=widgets.Layout(width="260px"))
         self.kind.add_class("mplab-scale-kind")
@@ -98,10 +109,10 @@ class LossScaleExplorer(widgets.VBox):
         self.children = [
             widgets.HTML("<b>Loss scale explorer</b>: one training step's values, multiplied "
                          "by the scale and cast to the format."),
-            widgets.HBox([self.slider, self.format]), widgets.HBox([self.kind, self.layer]),
+            widgets.HBox([self.slider, self.precision]), widgets.HBox([self.kind, self.layer]),
             self.message, self.summary, self.plot, self.table]
         self.add_class("mplab-loss-scale")
-        for control in (self.slider, self.format, self.layer):
+        for control in (self.slider, self.precision, self.layer):
             control.observe(self._changed, "value")
         self.kind.observe(self._kind_changed, "value")
         self._render()
@@ -140,77 +151,77 @@ class LossScaleExplorer(widgets.VBox):
 
     def _render(self) -> None:
         self.message.value = ""
-        kind, fmt, s = self.kind.value, self.format.value, self.scale
+        kind, precision, s = self.kind.value, self.precision.value, self.scale
         mags = self.capture.magnitudes(kind)
         shown = {self.layer.value: mags[self.layer.value]} if self.layer.value in mags else mags
         if not mags:
             self.summary.value = f"This capture holds no {kind.replace('_', ' ')}."
+            self.stats, self.total, self.table_rows = {}, None, []
             self.table.value, self.plot.value = "", b""
             return
-        self.stats = {n: m.stats(fmt, s, rel_error=False) for n, m in mags.items()}
+        self.stats = {n: m.stats(precision, s, rel_error=False) for n, m in mags.items()}
+        self.total = combined(list(self.stats.values()), precision, s)
+        self.table_rows = [{"layer": n, "type": self.capture.type_of(n, kind), **st.nonzero_row()}
+                           for n, st in self.stats.items()]
         what = self.layer.value or kind.replace("_", " ")
-        self.plot.value = png(plots.exponent_histogram_plot(
-            shown, fmt, s, pyplot=False,
+        self.plot.value = png(cast_plots.exponent_histogram_plot(
+            shown, precision, s, pyplot=False,
             xlim=self._xlims.setdefault(kind, _xlim(self.capture, kind)),
-            title=f"{what} × 2^{self.slider.value} cast to {fmt}"))
-        self.summary.value = _summary_html(list(self.stats.values()), fmt, s,
-                                           ranges.largest_safe_scale(list(mags.values()), fmt))
-        self.table.value = _table_html(self.stats, self.capture, kind)
+            title=f"{what} × 2^{self.slider.value} cast to {precision}"))
+        self.summary.value = _summary_html(self.total,
+                                           largest_safe_scale(list(mags.values()), precision))
+        self.table.value = _table_html(self.table_rows)
 
 
-def _xlim(capture: ranges.Capture, kind: str) -> tuple[int, int]:
+def _xlim(capture: Capture, kind: str) -> tuple[int, int]:
     """A fixed log2 axis for one capture and kind, so the histogram moves and the axes stay:
     from below the smallest value (and fp16's flush edge, the lowest of the formats that
     flush anything here; bf16's is 100 binades further down) to past the largest at 2^24."""
     hist = functools.reduce(operator.add, capture.histograms(kind).values())
     edges = hist.edges.astype(float)
     nz = np.flatnonzero(hist.counts)
-    lowest = ranges.format_bands("fp16")[0].hi
+    lowest = format_bands("fp16")[0].hi
     lo = min(edges[nz[0]] if nz.size else 0.0, lowest) - 2
     hi = max((edges[nz[-1] + 1] if nz.size else 0.0) + 24, get_format("fp16").emax + 2) + 2
     return math.floor(lo), math.ceil(hi)
 
 
-def _summary_html(stats: list[ranges.CastStats], fmt: str, scale: float, safe: float) -> str:
-    nonzero = sum(s.nonzero for s in stats)
-    under, sub, over = (sum(getattr(s, k) for s in stats)
-                        for k in ("underflow", "subnormal", "overflow"))
-    share = (lambda n: _pct(n / nonzero)) if nonzero else (lambda n: "–")
-    over_style = ' style="color:#b00020;font-weight:bold"' if over else ""
+def _summary_html(total: CastStats, safe: float) -> str:
+    shares = total.nonzero_row()
+    over_style = ' style="color:#b00020;font-weight:bold"' if total.overflow else ""
     safe_text = f"2^{int(math.log2(safe))}" if math.isfinite(safe) and safe >= 1 else f"{safe:g}"
-    return (f'<div style="font-size:13px;margin:4px 0">At scale 2^{int(math.log2(scale))} '
-            f"({scale:,.0f}), of {nonzero:,} nonzero values: "
-            f"<b>{share(under)}</b> flushed to 0, {share(sub)} subnormal (few bits left), "
-            f"<span{over_style}>{share(over)} overflow</span>. "
-            f"Largest safe scale for {fmt}: {safe_text}.</div>")
+    share = percent if total.nonzero else (lambda x: "–")
+    return (f'<div style="font-size:13px;margin:4px 0">At scale 2^{int(math.log2(total.scale))} '
+            f"({total.scale:,.0f}), of {total.nonzero:,} nonzero values: "
+            f"<b>{share(shares['lost (→ 0)'])}</b> flushed to 0, {share(shares['subnormal'])} "
+            f"subnormal (few bits left), <span{over_style}>{share(shares['overflow'])} "
+            f"overflow</span>. Largest safe scale for {total.precision}: {safe_text}.</div>")
 
 
-def _table_html(stats: dict[str, ranges.CastStats], capture: ranges.Capture, kind: str) -> str:
+def _table_html(rows: list[dict]) -> str:
     head = ["layer", "type", "nonzero", "lost (→ 0)", "subnormal", "overflow", "max |x·scale|"]
     th = "".join(f'<th style="padding:1px 8px;text-align:left">{h}</th>' for h in head)
-    rows = []
-    for name, s in stats.items():
-        n = s.nonzero
-        lost_style = ' style="color:#b00020;font-weight:bold"' if s.lost_frac > _LOST_RED else ""
-        over_style = ' style="color:#b00020;font-weight:bold"' if s.overflow else ""
-        cells = [f"<code>{html.escape(name)}</code>",
-                 html.escape(capture._type_of(name, kind)), f"{n:,}",
-                 f"<span{lost_style}>{_pct(s.lost_frac)}</span>",
-                 _pct(s.subnormal / n if n else 0.0),
-                 f"<span{over_style}>{_pct(s.overflow / n if n else 0.0)}</span>",
-                 f"{s.max_abs * s.scale:.4g}"]
-        rows.append("<tr>" + "".join(f'<td style="padding:1px 8px">{c}</td>' for c in cells)
+    body = []
+    for r in rows:
+        lost_style = (' style="color:#b00020;font-weight:bold"' if r["lost (→ 0)"] > _LOST_RED
+                      else "")
+        over_style = ' style="color:#b00020;font-weight:bold"' if r["overflow"] else ""
+        cells = [f"<code>{html.escape(r['layer'])}</code>", html.escape(r["type"]),
+                 f"{r['nonzero']:,}", f"<span{lost_style}>{percent(r['lost (→ 0)'])}</span>",
+                 percent(r["subnormal"]), f"<span{over_style}>{percent(r['overflow'])}</span>",
+                 f"{r['max |x·scale|']:.4g}"]
+        body.append("<tr>" + "".join(f'<td style="padding:1px 8px">{c}</td>' for c in cells)
                     + "</tr>")
     return ('<table style="border-collapse:collapse;font-size:12px;line-height:1.4">'
             f'<thead><tr style="border-bottom:1px solid #999">{th}</tr></thead>'
-            f"<tbody>{''.join(rows)}</tbody></table>")
+            f"<tbody>{''.join(body)}</tbody></table>")
 
 
-def loss_scale_explorer(capture: ranges.Capture, kind: str = "activation_grads",
-                        fmt: str = "fp16", log2_scale: int = 0) -> LossScaleExplorer:
-    """Per-layer exponent histograms and cast table of a :func:`mplab.ranges.capture`, with a
+def loss_scale_explorer(capture: Capture, kind: str = "activation_grads",
+                        precision: str = "fp16", log2_scale: int = 0) -> LossScaleExplorer:
+    """Per-layer exponent histograms and cast table of a :func:`mplab.capture.capture`, with a
     log2 loss-scale slider (2^0 to 2^24), a format and a kind of value to look at."""
-    return LossScaleExplorer(capture, kind, fmt, log2_scale)
+    return LossScaleExplorer(capture, kind, precision, log2_scale)
 
 
 # --- swamping and master weights ----------------------------------------------------------------
@@ -219,29 +230,32 @@ class SwampingDemo(widgets.VBox):
     """``w ← w − lr·grad`` repeated, with the weight kept in a narrow format or behind an fp32
     master copy. Build it with :func:`swamping_demo`.
 
-    Controls: `lr` (log slider), `format`, `master` (toggle); outputs: `plot`, `summary`,
-    `message`; `run` is the :class:`mplab.ranges.SwampRun` shown.
+    Controls: `lr` (log slider), `precision` (the format the weight is kept in), `master`
+    (toggle); outputs: `plot`, `summary`, `message`; `run` is the
+    :class:`mplab.failures.SwampRun` shown.
     """
 
     def __init__(self, w0: float = 1.0, grad: float = -1.0, lr: float = 1e-4, steps: int = 1000,
-                 fmt: str = "fp16", master: bool = False):
+                 precision: str = "fp16", master: bool = False):
         super().__init__()
-        fmt = _choice(get_format(fmt).name, SWAMP_FORMATS, "format")
-        self.w0 = ranges._real(w0, "w0")
-        self.grad = ranges._real(grad, "grad")
+        precision = _choice(get_format(precision).name, SWAMP_FORMATS, "precision")
+        self.w0 = finite_number(w0, "w0")
+        self.grad = finite_number(grad, "grad")
         if not (isinstance(lr, int | float) and not isinstance(lr, bool) and 1e-6 <= lr <= 1):
             raise ValueError(f"lr must be a number from 1e-6 to 1, got {lr!r}")
         self.steps = steps
-        ranges.swamping_run(self.w0, 0.0, steps)  # checks steps (a whole number up to 10^6)
+        swamping_run(self.w0, 0.0, steps)  # checks steps (a whole number up to 10^6)
+        self.run: SwampRun | None = None
         self.lr = widgets.FloatLogSlider(lr, base=10, min=-6, max=0, step=0.25,
                                          description="learning rate", readout_format=".2g",
                                          continuous_update=False,
                                          style={"description_width": "initial"},
                                          layout=widgets.Layout(width="420px"))
         self.lr.add_class("mplab-swamp-lr")
-        self.format = widgets.Dropdown(options=SWAMP_FORMATS, value=fmt, description="weights in",
-                                       layout=widgets.Layout(width="200px"))
-        self.format.add_class("mplab-swamp-format")
+        self.precision = widgets.Dropdown(options=SWAMP_FORMATS, value=precision,
+                                          description="weights in",
+                                          layout=widgets.Layout(width="200px"))
+        self.precision.add_class("mplab-swamp-format")
         self.master = widgets.ToggleButton(master, description="fp32 master weights",
                                            icon="check" if master else "",
                                            layout=widgets.Layout(width="190px"))
@@ -255,10 +269,10 @@ class SwampingDemo(widgets.VBox):
         self.children = [
             widgets.HTML(f"<b>Swamping</b>: {steps:,} steps of w ← w − lr × ({self.grad:g}), "
                          f"from w0 = {self.w0:g}."),
-            widgets.HBox([self.lr, self.format, self.master]), self.message, self.summary,
+            widgets.HBox([self.lr, self.precision, self.master]), self.message, self.summary,
             self.plot]
         self.add_class("mplab-swamping")
-        for control in (self.lr, self.format, self.master):
+        for control in (self.lr, self.precision, self.master):
             control.observe(self._changed, "value")
         self._render()
 
@@ -270,12 +284,13 @@ class SwampingDemo(widgets.VBox):
         self.message.value = ""
         self.master.icon = "check" if self.master.value else ""
         update = -self.lr.value * self.grad
-        fmt = self.format.value
-        self.run = ranges.swamping_run(self.w0, update, self.steps, fmt, master=self.master.value)
-        self.plot.value = png(plots.swamping_plot(self.run, pyplot=False))
-        threshold = ranges.swamp_threshold(update, fmt)
-        where = ("The update itself rounds to 0 in " + fmt if threshold == 0 else
-                 f"In {fmt}, an update of {abs(update):.3g} vanishes once |w| ≥ {threshold:g}")
+        precision = self.precision.value
+        self.run = swamping_run(self.w0, update, self.steps, precision, master=self.master.value)
+        self.plot.value = png(cast_plots.swamping_plot(self.run, pyplot=False))
+        threshold = swamp_threshold(update, precision)
+        where = ("The update itself rounds to 0 in " + precision if threshold == 0 else
+                 f"In {precision}, an update of {abs(update):.3g} vanishes once |w| ≥ "
+                 f"{threshold:g}")
         self.summary.value = (
             f'<div style="font-size:13px;margin:4px 0"><b>{self.run.lost_steps:,} of '
             f"{self.run.steps:,} updates lost</b>; the weight moved "
@@ -284,7 +299,7 @@ class SwampingDemo(widgets.VBox):
 
 
 def swamping_demo(w0: float = 1.0, grad: float = -1.0, lr: float = 1e-4, steps: int = 1000,
-                  fmt: str = "fp16", master: bool = False) -> SwampingDemo:
-    """SGD steps ``w ← w − lr·grad`` on one weight kept in fmt (or as an fp32 master copy),
-    with a learning-rate slider, a format and a master-weights toggle."""
-    return SwampingDemo(w0, grad, lr, steps, fmt, master)
+                  precision: str = "fp16", master: bool = False) -> SwampingDemo:
+    """SGD steps ``w ← w − lr·grad`` on one weight kept in a format (or as an fp32 master
+    copy), with a learning-rate slider, a format and a master-weights toggle."""
+    return SwampingDemo(w0, grad, lr, steps, precision, master)

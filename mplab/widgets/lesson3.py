@@ -5,8 +5,9 @@
     stepper        # "next step", "inject inf", "10 clean steps"; stepper.scaler.history
 
 Each click runs one real iteration of :class:`mplab.scaler.GradScaler` (scale the loss,
-backward, step, update) on a small model, and the same iteration with
-``torch.amp.GradScaler`` beside it, so the widget shows torch agreeing at every step.
+backward, step, update) on a small model (:class:`mplab.lessons.ScalerRun`), and the same
+iteration with ``torch.amp.GradScaler`` beside it, so the widget shows torch agreeing at every
+step.
 """
 
 from __future__ import annotations
@@ -15,35 +16,16 @@ import ipywidgets as widgets
 import torch
 
 from mplab import plots
+from mplab.lessons import ScalerRun
 from mplab.scaler import GradScaler
 from mplab.widgets._common import guarded, png
 
-__all__ = ["scaler_stepper", "ScalerStepper", "GROWTH_FACTORS", "BACKOFF_FACTORS"]
+__all__ = ["scaler_stepper", "ScalerStepper", "GROWTH_FACTORS", "BACKOFF_FACTORS", "ROWS_SHOWN"]
 
 GROWTH_FACTORS = (2.0, 4.0, 1.5, 1.001)
 BACKOFF_FACTORS = (0.5, 0.25, 0.9)
-_ROWS = 8  # iterations the table lists (the plot shows them all)
-
-
-class _Twin:
-    """One small model, its optimizer and a scaler: the iteration the widget runs."""
-
-    def __init__(self, scaler):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            self.model = torch.nn.Linear(8, 1)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
-        self.scaler = scaler
-        self.x = torch.linspace(-1, 1, 32).reshape(4, 8)
-
-    def iteration(self, inject_inf: bool) -> None:
-        loss = self.model(self.x).pow(2).mean()
-        self.scaler.scale(loss).backward()
-        if inject_inf:  # what an fp16 overflow in the backward pass leaves in a gradient
-            self.model.weight.grad[0, 0] = float("inf")
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad()
+#: Iterations the table lists (the plot shows them all).
+ROWS_SHOWN = 8
 
 
 class ScalerStepper(widgets.VBox):
@@ -51,9 +33,11 @@ class ScalerStepper(widgets.VBox):
 
     Buttons: `next_step`, `inject_inf`, `ten_steps`, `reset`; settings (changing one restarts
     the run): `init_scale` (log2), `growth_interval`, `growth_factor`, `backoff_factor`.
-    Outputs: `plot` (scale and tracker over the iterations), `table` (the latest iterations),
-    `agreement` (whether torch.amp.GradScaler, run beside it, has the same scale and tracker),
-    `message`. `scaler` is the :class:`mplab.scaler.GradScaler` being stepped.
+    Outputs: `plot` (scale and tracker over the iterations), `table` (the latest iterations;
+    `table_rows` holds them as data), `agreement` (whether torch.amp.GradScaler, run beside it,
+    has the same scale, tracker and weights), `message`. `scaler` is the
+    :class:`mplab.scaler.GradScaler` being stepped; `run` and `torch_run` are the two runs
+    (:class:`mplab.lessons.ScalerRun`), with mplab's scaler and with torch's.
     """
 
     def __init__(self, init_scale: float = 2.0**16, growth_interval: int = 3,
@@ -98,6 +82,7 @@ class ScalerStepper(widgets.VBox):
                                                                       height="auto"))
         self.table = widgets.HTML()
         self.table.add_class("mplab-scaler-table")
+        self.table_rows: list[dict] = []
         self.children = [
             widgets.HTML("<b>GradScaler, step by step</b>: each click is one iteration "
                          "(scale the loss, backward, step, update)."),
@@ -124,39 +109,37 @@ class ScalerStepper(widgets.VBox):
     @guarded
     def _restart(self) -> None:
         self.scaler = GradScaler("cpu", **self._settings())
-        self._ours = _Twin(self.scaler)
-        self._torch = _Twin(torch.amp.GradScaler("cpu", **self._settings()))
+        self.run = ScalerRun(self.scaler)
+        self.torch_run = ScalerRun(torch.amp.GradScaler("cpu", **self._settings()))
         self._render()
 
     @guarded
     def _steps(self, injections: list[bool]) -> None:
         for inject in injections:
-            self._ours.iteration(inject)
-            self._torch.iteration(inject)
+            self.run.iteration(inject)
+            self.torch_run.iteration(inject)
         self._render()
 
     def _render(self) -> None:
         self.message.value = ""
-        history = self.scaler.history
-        ours, theirs = self.scaler.state_dict(), self._torch.scaler.state_dict()
-        same = (ours == theirs
-                and all(torch.equal(a, b) for a, b in zip(self._ours.model.parameters(),
-                                                          self._torch.model.parameters())))
+        rows = self.run.history_rows()
+        ours, theirs = self.scaler.state_dict(), self.torch_run.scaler.state_dict()
         self.agreement.value = (
             '<span style="color:#1a7f37">✓ torch.amp.GradScaler, run beside it, has the same '
-            "scale, tracker and weights.</span>" if same else
+            "scale, tracker and weights.</span>" if self.run.agrees_with(self.torch_run) else
             '<span style="color:#b00020;font-weight:bold">✗ torch.amp.GradScaler differs: '
             f"scale {theirs['scale']!r}, tracker {theirs['_growth_tracker']}.</span>")
-        skipped = sum(r.found_inf for r in history)
+        skipped = sum(r["inf/NaN found"] for r in rows)
         interval = self.growth_interval.value
         self.status.value = (
-            f'<div style="font-size:13px">After {len(history)} iterations: scale '
+            f'<div style="font-size:13px">After {len(rows)} iterations: scale '
             f"<b>{ours['scale']:g}</b>, growth tracker <b>{ours['_growth_tracker']}</b> "
             f"of {interval} (the scale grows when {interval} clean iterations in a row "
             f"are done), {skipped} step{'s' if skipped != 1 else ''} skipped.</div>")
-        self.plot.value = png(plots.scaler_timeline_plot(history, pyplot=False,
+        self.plot.value = png(plots.scaler_timeline_plot(self.scaler.history, pyplot=False,
                                                           init_scale=2.0**self.init_scale.value))
-        self.table.value = _table_html(history[-_ROWS:])
+        self.table_rows = rows[-ROWS_SHOWN:]
+        self.table.value = _table_html(self.table_rows)
 
 
 def _log2_exact(init_scale) -> int:
@@ -171,15 +154,16 @@ def _log2_exact(init_scale) -> int:
     return exponent
 
 
-def _table_html(records) -> str:
+def _table_html(records: list[dict]) -> str:
     head = ["iteration", "scale used", "inf/NaN found", "step", "new scale", "tracker"]
     th = "".join(f'<th style="padding:1px 10px;text-align:left">{h}</th>' for h in head)
     rows = []
     for r in records:
-        red = ' style="color:#b00020;font-weight:bold"' if r.found_inf else ""
-        cells = [r.iteration, f"{r.scale:g}", f"<span{red}>{'yes' if r.found_inf else 'no'}</span>",
-                 "taken" if all(r.stepped.values()) else "skipped", f"{r.new_scale:g}",
-                 r.growth_tracker]
+        found = r["inf/NaN found"]
+        red = ' style="color:#b00020;font-weight:bold"' if found else ""
+        cells = [r["iteration"], f"{r['scale used']:g}",
+                 f"<span{red}>{'yes' if found else 'no'}</span>", r["step"],
+                 f"{r['new scale']:g}", r["tracker"]]
         rows.append("<tr>" + "".join(f'<td style="padding:1px 10px">{c}</td>' for c in cells)
                     + "</tr>")
     return ('<table style="border-collapse:collapse;font-size:12px">'

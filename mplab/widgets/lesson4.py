@@ -2,10 +2,11 @@
 
     from mplab.widgets.lesson4 import training_panel
     panel = training_panel(steps=60)
-    panel          # pick a precision and a device, press "train"; panel.results holds the runs
+    panel          # pick a path, precision and device, press "train"; panel.results: the runs
 
-Each press runs :func:`mplab.train.train` (the plain PyTorch path), plots the loss as it goes
-and adds the run's figures to a table, so runs in different precisions sit side by side.
+Each press runs :func:`mplab.train.train` (the plain PyTorch path unless another `path` is
+picked), plots the loss as it goes and adds the run's figures to a table, so runs in different
+paths and precisions sit side by side.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from mplab import plots
 from mplab._display import Table
 from mplab.train import (
+    PATHS,
     PRECISIONS,
     NonFiniteLossError,
     TrainConfig,
@@ -52,8 +54,10 @@ class TrainingPanel(widgets.VBox):
     """
 
     def __init__(self, steps: int = 60, precision: str = "bf16", device: str = "auto",
-                 **settings):
+                 path: str = "torch", **settings):
         super().__init__()
+        if path not in PATHS:
+            raise ValueError(f"unknown path {path!r}; accepted: " + ", ".join(map(repr, PATHS)))
         if precision not in PRECISIONS:
             raise ValueError(f"unknown precision {precision!r}; accepted: "
                              + ", ".join(map(repr, PRECISIONS)))
@@ -63,12 +67,14 @@ class TrainingPanel(widgets.VBox):
                              + ", ".join(map(repr, devices)))
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 5000:
             raise ValueError(f"steps must be a whole number from 1 to 5000, got {steps!r}")
-        fixed = {"precision", "device", "steps", "on_step"} & set(settings)
+        fixed = {"path", "precision", "device", "steps", "on_step"} & set(settings)
         if fixed:
             raise ValueError(f"{sorted(fixed)} are the panel's own controls, not settings")
         TrainConfig(**settings)  # a bad setting fails here, not at the first press
         self.settings = {"progress": False, **settings}
         self.results: list[TrainResult] = []
+        self.path = widgets.ToggleButtons(options=PATHS, value=path, description="path")
+        self.path.add_class("mplab-train-path")
         self.precision = widgets.ToggleButtons(options=PRECISIONS, value=precision,
                                                description="precision")
         self.precision.add_class("mplab-train-precision")
@@ -88,9 +94,10 @@ class TrainingPanel(widgets.VBox):
         self.table = widgets.HTML()
         self.table.add_class("mplab-train-table")
         self.children = [
-            widgets.HTML("<b>Train the lesson model</b>: the plain PyTorch loop (autocast, and "
-                         "a GradScaler in fp16), with the figures of every run kept below."),
-            self.precision, widgets.HBox([self.device, self.steps]),
+            widgets.HTML("<b>Train the lesson model</b> by one of mplab.train's paths (torch: "
+                         "the plain PyTorch loop, autocast and a GradScaler in fp16), with the "
+                         "figures of every run kept below."),
+            self.path, self.precision, widgets.HBox([self.device, self.steps]),
             widgets.HBox([self.button, self.clear, self.progress]),
             self.message, self.plot, self.table]
         self.add_class("mplab-training-panel")
@@ -115,7 +122,8 @@ class TrainingPanel(widgets.VBox):
         try:
             with warnings.catch_warnings():  # the panel shows them in its message instead
                 warnings.simplefilter("ignore", TrainWarning)
-                result = train(precision=self.precision.value, device=self.device.value,
+                result = train(path=self.path.value, precision=self.precision.value,
+                               device=self.device.value,
                                steps=steps, on_step=on_step, **self.settings)
         except NonFiniteLossError as e:  # a result, and a lesson: show both
             result = e.result
@@ -129,7 +137,8 @@ class TrainingPanel(widgets.VBox):
 
     def _runs(self, current: TrainResult | None = None) -> dict[str, TrainResult]:
         runs = self.results + ([current] if current is not None else [])
-        return {f"{i + 1}: {r.precision} on {r.device}": r for i, r in enumerate(runs)}
+        return {f"{i + 1}: {r.path}, {r.precision} on {r.device}": r
+                for i, r in enumerate(runs)}
 
     @guarded
     def _clear(self) -> None:
@@ -151,7 +160,8 @@ def comparison(results: list[TrainResult]) -> Table:
     for i, r in enumerate(results):
         speed = r.versus(fp32)["speedup"] if fp32 and r.samples_per_s else None
         rows.append({
-            "run": i + 1, "precision": r.precision, "device": r.device_name or r.device,
+            "run": i + 1, "path": r.path, "precision": r.precision,
+            "device": r.device_name or r.device,
             "matmuls ran in": str(r.compute_dtype).removeprefix("torch.") if r.compute_dtype
             else "–",
             "steps": len(r.losses), "final loss": f"{r.final_loss:.4f}" if r.losses else "–",
@@ -176,8 +186,8 @@ def _table_html(table: Table) -> str:
 
 
 def training_panel(steps: int = 60, precision: str = "bf16", device: str = "auto",
-                   **settings) -> TrainingPanel:
-    """Train the lesson model from a panel: precision, device and steps, a "train" button, a
-    live loss plot and a table comparing every run. `settings` go to mplab.train.train
+                   path: str = "torch", **settings) -> TrainingPanel:
+    """Train the lesson model from a panel: path, precision, device and steps, a "train" button,
+    a live loss plot and a table comparing every run. `settings` go to mplab.train.train
     (e.g. batch_size=16, eval_samples=200)."""
-    return TrainingPanel(steps, precision, device, **settings)
+    return TrainingPanel(steps, precision, device, path, **settings)

@@ -1,7 +1,8 @@
-"""How long lesson 2's range tools take on the lesson-sized model: budgets 5 s and 300 ms.
+"""How long lesson 2's capture and loss-scale tools take on the lesson-sized model: budgets 5 s
+and 300 ms.
 
-    python benchmarks/bench_ranges.py            # 2 threads, as on the 2-core lesson machines
-    python benchmarks/bench_ranges.py --threads 0  # torch's default thread count
+    python benchmarks/bench_capture.py            # 2 threads, as on the 2-core lesson machines
+    python benchmarks/bench_capture.py --threads 0  # torch's default thread count
 
 Prints: one capture (an fp32 forward + backward with hooks, every tensor copied), sorting the
 magnitudes and building the exponent histograms of all three kinds, and per new loss scale
@@ -50,12 +51,13 @@ def timed(fn):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help="torch threads (0: default)")
-    parser.add_argument("--fmt", default="fp16")
+    parser.add_argument("--precision", default="fp16", help="the format cast to")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from mplab import plots, ranges
+    from mplab import cast_plots, casts
+    from mplab.capture import KINDS, capture
 
     model, which = lesson_model()
     model.train()
@@ -70,9 +72,9 @@ def main() -> None:
     model.zero_grad(set_to_none=True)
     _, plain = timed(lambda: model(**batch).loss.backward())
     model.zero_grad(set_to_none=True)
-    cap, t_capture = timed(lambda: ranges.capture(model, batch))
-    n = sum(t.numel() for k in ranges.KINDS for t in cap.tensors(k).values())
-    _, t_hist = timed(lambda: [cap.histograms(k) for k in ranges.KINDS])
+    cap, t_capture = timed(lambda: capture(model, batch))
+    n = sum(t.numel() for k in KINDS for t in cap.tensors(k).values())
+    _, t_hist = timed(lambda: [cap.histograms(k) for k in KINDS])
     total = t_capture + t_hist
     print(f"plain forward + backward     {plain * 1e3:8.0f} ms  (for comparison)")
     print(f"capture                      {t_capture * 1e3:8.0f} ms  ({n:,} values kept)")
@@ -85,12 +87,14 @@ def main() -> None:
     scales = [2.0 ** k for k in range(0, 25, 24 // 9)][:10]
     rows = []
     for what, fn in [
-        ("redraw histogram figure (PNG)", lambda s: plots.exponent_histogram_plot(
-            mags, args.fmt, s, pyplot=False, xlim=(-60, 24)).savefig(io.BytesIO(), format="png")),
-        ("cast table, counts only", lambda s: cap.table(args.fmt, s, "activation_grads",
+        ("redraw histogram figure (PNG)", lambda s: cast_plots.exponent_histogram_plot(
+            mags, args.precision, s, pyplot=False, xlim=(-60, 24)).savefig(io.BytesIO(),
+                                                                           format="png")),
+        ("cast table, counts only", lambda s: cap.table(args.precision, s, "activation_grads",
                                                          rel_error=False)),
-        ("cast table with rel. errors", lambda s: cap.table(args.fmt, s, "activation_grads")),
-        ("scale sweep 2^0..2^24", lambda s: ranges.scale_sweep(mags, args.fmt)),
+        ("cast table with rel. errors", lambda s: cap.table(args.precision, s,
+                                                             "activation_grads")),
+        ("scale sweep 2^0..2^24", lambda s: casts.scale_sweep(mags, args.precision)),
     ]:
         fn(scales[0])
         ts = [timed(lambda s=s, fn=fn: fn(s))[1] * 1e3 for s in scales]

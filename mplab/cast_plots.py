@@ -1,0 +1,233 @@
+"""Lesson 2's figures: what a cast does to a tensor's values.
+
+    exponent_histogram_plot(cap.magnitudes("activation_grads"), "fp16", 2**10)
+    scale_sweep_plot(scale_sweep(mags, "fp16"))
+    swamping_plot(swamping_run(1.0, 1e-4, 1000, "fp16"))
+
+Where the values land among a format's bands (flushed to 0, subnormal, normal, overflow) at a
+loss scale, what every scale from 2^0 to 2^24 loses, and the updates a narrow weight drops.
+Every number drawn is computed by :mod:`mplab.casts`, :mod:`mplab.histograms` and
+:mod:`mplab.failures`; the colours of the formats are :data:`mplab.plots.FORMAT_COLORS`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle, StepPatch
+
+from mplab.casts import Magnitudes, as_scale, good_scale_window
+from mplab.failures import SwampRun
+from mplab.formats import get_format
+from mplab.histograms import DEFAULT_BINS, ExponentHistogram, exponent_histogram, format_bands
+from mplab.plots import FORMAT_COLORS, new_figure
+
+__all__ = ["BAND_COLORS", "exponent_histogram_plot", "scale_sweep_plot", "swamping_plot"]
+
+#: Shading of a format's bands (see mplab.histograms.format_bands).
+BAND_COLORS = {"zero": "#9d9d9d", "subnormal": "#f2c45a", "normal": "#9bd5a4",
+               "overflow": "#e45756"}
+
+
+#: Up to this many histograms get a line each; more are drawn as their total only.
+_MAX_LAYER_LINES = 8
+
+
+def _histograms(values, bins) -> tuple[dict, list | None]:
+    """label -> ExponentHistogram, and the Magnitudes behind them (None when given histograms,
+    which carry no exact cast counts)."""
+    if isinstance(values, ExponentHistogram):
+        return {"values": values}, None
+    if isinstance(values, Mapping):
+        items = dict(values)
+    elif isinstance(values, list | tuple) and values and not isinstance(values[0], numbers.Real):
+        items = {f"tensor {i}": v for i, v in enumerate(values)}
+    else:
+        items = {"values": values}
+    if not items:
+        raise ValueError("nothing to plot: got an empty dict or list; pass a tensor, a list or "
+                         "dict of tensors, Magnitudes or ExponentHistograms")
+    if all(isinstance(v, ExponentHistogram) for v in items.values()):
+        return items, None
+    mags = {k: v if isinstance(v, Magnitudes) else Magnitudes(v) for k, v in items.items()}
+    return {k: exponent_histogram(m, bins) for k, m in mags.items()}, list(mags.values())
+
+
+def exponent_histogram_plot(values, precision="fp16", scale=1.0, ax=None, *,
+                            bins=DEFAULT_BINS, xlim=None, title=None,
+                            pyplot: bool = True) -> Figure:
+    """Histogram of log2|x · scale| with the format's bands shaded: flushed to 0, subnormal,
+    normal, overflow (:func:`mplab.histograms.format_bands`).
+
+    values: a tensor, a list or dict of tensors (one line per layer, and "all" filled),
+    :class:`~mplab.casts.Magnitudes` (sorted once: redrawing for a new scale then only
+    shifts the bins) or :class:`~mplab.histograms.ExponentHistogram`. A scale of 2^k moves every
+    value k binades right; the unscaled total stays as a dashed outline, and a box gives the
+    exact fractions a real cast would flush and overflow (not for bare histograms).
+    xlim: (lo, hi) in log2 units; fix it to keep the axis still while the scale changes.
+    ax: draw there; otherwise a new figure (made by pyplot unless ``pyplot=False``).
+    Returns the figure.
+    """
+    f = get_format(precision)
+    s = as_scale(scale)
+    shift = math.log2(s)
+    hists, mags = _histograms(values, bins)
+    first = next(iter(hists.values()))
+    total = first
+    for h in list(hists.values())[1:]:
+        total = total + h
+    edges = total.edges.astype(float)
+    if ax is None:
+        fig = new_figure((9.0, 3.6), pyplot)
+        ax = fig.subplots()
+        fig.subplots_adjust(left=0.07, right=0.75, bottom=0.14, top=0.9)
+    bands = format_bands(f)
+    nz = np.flatnonzero(total.counts)
+    if xlim is None:
+        data = (edges[nz[0]] + shift, edges[nz[-1] + 1] + shift) if nz.size else (
+            edges[0], edges[-1])
+        zero_edge, over_edge = bands[0].hi, bands[-1].lo
+        lo = max(min(data[0], zero_edge) - 2, data[0] - 20)
+        hi = min(max(data[1], over_edge) + 2, data[1] + 20)
+        xlim = (math.floor(lo), math.ceil(hi))
+    # Patches go in with add_artist: add_patch recomputes the data limits for each, and a
+    # redraw of the lesson model's figure took 450 ms instead of ~220 ms on 2 cores
+    # (benchmarks/bench_capture.py); the limits are set explicitly below anyway.
+    for b in bands:
+        a, c = max(b.lo, xlim[0]), min(b.hi, xlim[1])
+        if a < c:
+            ax.add_artist(Rectangle((a, 0), c - a, 1, transform=ax.get_xaxis_transform(),
+                                    color=BAND_COLORS[b.name], alpha=0.35, lw=0,
+                                    gid=f"band-{b.name}"))
+            ax.text((a + c) / 2, 0.98, b.label, transform=ax.get_xaxis_transform(),
+                    ha="center", va="top", fontsize=8, rotation=90 if c - a < 6 else 0)
+
+    def share(h):
+        return h.counts / max(h.nonzero, 1)
+
+    def stairs(h, at, **kw):
+        return ax.add_artist(StepPatch(share(h), edges + at, baseline=0, **kw))
+
+    handles = []
+    if shift:
+        handles.append(stairs(total, 0, fill=False, ec="0.35", ls="--", lw=1,
+                              label="all, before scaling", gid="hist-unscaled"))
+    handles.append(stairs(total, shift, fill=True, color="#4c78a8", alpha=0.55, lw=0,
+                          label="all layers" if len(hists) > 1 else "values", gid="hist-all"))
+    if 1 < len(hists) <= _MAX_LAYER_LINES:
+        import matplotlib as mpl
+
+        cmap = mpl.colormaps["viridis"]
+        for i, (name, h) in enumerate(hists.items()):
+            handles.append(stairs(h, shift, fill=False, ec=cmap(i / (len(hists) - 1)), lw=1,
+                                  label=_short(name), gid=f"hist-{name}"))
+    if shift and nz.size:
+        peak = int(np.argmax(total.counts))
+        x0, y = edges[peak] + 0.5, share(total)[peak]
+        ax.annotate("", xy=(x0 + shift, y * 1.05), xytext=(x0, y * 1.05),
+                    arrowprops={"arrowstyle": "->", "color": "black", "lw": 1.2})
+        ax.text(x0 + shift / 2, y * 1.08, f"× 2^{shift:g}: {shift:g} binades right"
+                if shift == int(shift) else f"× {s:g}", ha="center", va="bottom", fontsize=8)
+    ax.set_xlim(*xlim)
+    drawn = [total, *hists.values()] if len(hists) <= _MAX_LAYER_LINES else [total]
+    top = max(float(share(h).max()) for h in drawn) if nz.size else 1.0
+    ax.set_ylim(0, top * 1.4 or 1.0)
+    ax.set_xlabel("log2 |x × scale|")
+    ax.set_ylabel("share of nonzero values")
+    ax.set_title(title or f"{f.name}: where the values land at scale {_scale_label(s)}",
+                 fontsize=10)
+    if mags is not None:
+        st = [m.stats(f, s, rel_error=False) for m in mags]
+        nonzero = sum(x.nonzero for x in st)
+        under, sub, over = (sum(getattr(x, k) for x in st)
+                            for k in ("underflow", "subnormal", "overflow"))
+        pct = (lambda n: f"{100 * n / nonzero:.3g} %") if nonzero else (lambda n: "–")
+        text = (f"of {nonzero:,} nonzero values:\nflushed to 0  {pct(under)}\n"
+                f"subnormal  {pct(sub)}\noverflow  {pct(over)}")
+        ax.text(1.02, 0.02, text, transform=ax.transAxes, fontsize=8, va="bottom",
+                gid="cast-summary")
+    labels = [h.get_label() for h in handles]
+    if len(hists) > _MAX_LAYER_LINES:
+        labels[-1] = f"all {len(hists)} layers"
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
+              frameon=False)
+    return ax.figure
+
+
+def _short(name: str, width: int = 26) -> str:
+    """A layer name that fits a legend: its tail, e.g. '…layer.0.attention.self.query'."""
+    return name if len(name) <= width else "…" + name[-(width - 1):]
+
+
+def _scale_label(s: float) -> str:
+    k = math.log2(s)
+    return f"2^{k:g}" if k == int(k) else f"{s:g}"
+
+
+def scale_sweep_plot(sweep, ax=None, *, window=None, pyplot: bool = True) -> Figure:
+    """Underflow and overflow fractions of a :func:`mplab.casts.scale_sweep` against log2
+    of the scale, with the good window (from :func:`mplab.casts.good_scale_window`, or the
+    (lo, hi) given) shaded. The y axis is linear up to 10^-6 and logarithmic above, so that
+    a handful of overflowing values shows. Returns the figure."""
+    rows = list(sweep)
+    if not rows:
+        raise ValueError("the sweep is empty; pass what mplab.casts.scale_sweep returns")
+    window = good_scale_window(rows) if window is None else window
+    if ax is None:
+        fig = new_figure((6.5, 3.2), pyplot)
+        ax = fig.subplots()
+        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.16, top=0.88)
+    k = [math.log2(r["scale"]) for r in rows]
+    ax.plot(k, [r["underflow"] for r in rows], "o-", ms=3, color="#4c78a8",
+            label="underflow (→ 0)")
+    ax.plot(k, [r["overflow"] for r in rows], "s-", ms=3, color="#e45756", label="overflow")
+    if window:
+        ax.axvspan(math.log2(window[0]), math.log2(window[1]), color=BAND_COLORS["normal"],
+                   alpha=0.35, lw=0, label="good scales")
+    ax.set_xlabel("log2 scale")
+    ax.set_ylabel("fraction of all values")
+    ax.set_yscale("symlog", linthresh=1e-6)
+    ax.set_ylim(0, 1)
+    ax.set_title(sweep.title if hasattr(sweep, "title") and sweep.title else "Scale sweep",
+                 fontsize=10)
+    ax.grid(True, alpha=0.25)
+    ax.legend(fontsize=8)
+    return ax.figure
+
+
+def swamping_plot(run, ax=None, *, pyplot: bool = True) -> Figure:
+    """The weight over the steps of a :func:`mplab.failures.swamping_run`: what the format kept
+    (and the fp32 master copy, if any) against the exact sum, with the first lost update
+    marked. Returns the figure."""
+    if not isinstance(run, SwampRun):
+        raise TypeError(f"swamping_plot takes what mplab.failures.swamping_run returns, got "
+                        f"{type(run).__name__}")
+    if ax is None:
+        fig = new_figure((6.5, 3.0), pyplot)
+        ax = fig.subplots()
+        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.16, top=0.88)
+    steps = np.arange(run.steps + 1)
+    ax.plot(steps, run.exact, "--", color="0.4", lw=1, label="exact: w0 + k·update")
+    if run.master_weights is not None:
+        ax.plot(steps, run.master_weights, color=FORMAT_COLORS["fp32"], lw=2.5, alpha=0.6,
+                label="fp32 master weight")
+    ax.plot(steps, run.weights, color=FORMAT_COLORS.get(run.precision, "#f58518"), lw=1.5,
+            label=f"weight the model uses ({run.precision})")
+    if run.first_lost is not None:
+        k = run.first_lost
+        ax.axvline(k, color="#b00020", lw=1, ls=":")
+        ax.annotate(f"step {k}: updates start to vanish", xy=(k, run.weights[k]),
+                    xytext=(0.45, 0.12), textcoords="axes fraction", fontsize=8,
+                    color="#b00020", arrowprops={"arrowstyle": "->", "color": "#b00020"})
+    how = "fp32 master weights" if run.master else f"weights kept in {run.precision}"
+    ax.set_title(f"w ← w + {run.update:.3g}, {how}: {run.lost_steps} of {run.steps} "
+                 "updates lost", fontsize=10)
+    ax.set_xlabel("step")
+    ax.set_ylabel("weight")
+    ax.grid(True, alpha=0.25)
+    ax.legend(fontsize=8, loc="upper left")
+    return ax.figure

@@ -1,0 +1,90 @@
+"""mplab.failures against torch's arithmetic (and mplab.formats): swamped updates, stalled sums,
+an fp16 overflow that turns NaN."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mplab import failures as X
+from mplab import formats as F
+
+
+@pytest.mark.parametrize("precision,k", [("fp16", 11), ("bf16", 8)])
+def test_swamp_threshold_is_where_torch_stops_adding_the_update(precision, k):
+    dtype = F.get_format(precision).dtype()
+    for u in (2.0**-10, 2.0**-3, 1e-3, 0.3):
+        w = X.swamp_threshold(u, precision)
+        if math.log2(u) == int(math.log2(u)):
+            assert w == 2.0**k * u
+        assert 2.0**k * u <= w < 2.0 ** (k + 1) * u
+        at = torch.tensor(w, dtype=dtype)
+        assert (at.float() + u).to(dtype) == at  # lost at the threshold
+        below = torch.tensor(F.next_down(w, precision), dtype=dtype)
+        assert (below.float() + u).to(dtype) != below  # not lost one step below
+    assert X.swamp_threshold(2.0**-26, "fp16") == 0.0  # the update itself is 0 in fp16
+
+
+def test_fp16_weights_stall_at_2_11_times_the_update_master_weights_do_not():
+    u = 2.0**-10
+    plain = X.swamping_run(0.0, u, 4000, "fp16")
+    assert plain.final == 2.0**11 * u == 2.0
+    assert plain.first_lost == 2049 and plain.lost_steps == 4000 - 2048
+    master = X.swamping_run(0.0, u, 4000, "fp16", master=True)
+    assert master.final == master.expected == 4000 * u and master.lost_steps == 0
+    assert np.array_equal(master.master_weights, master.exact)  # sums of 2^-10 are exact in fp32
+    assert np.all(np.abs(master.weights - master.exact) <= 2.0**-10)  # fp16 copy: within an ulp/2
+    bf = X.swamping_run(1.0, 2.0**-9, 300, "bf16")
+    assert bf.final == 1.0 and bf.first_lost == 1  # |w| = 2^9·|u| > 2^8·|u|: lost at once
+    assert bf.applied == 0.0
+    assert "updates lost" in str(plain.table())
+
+
+def test_swamping_run_steps_equal_formats_round_to():
+    run = X.swamping_run(1000.0, 0.3, 50, "fp16")
+    w = F.round_to(1000.0, "fp16")
+    u = F.round_to(0.3, "fp16")
+    for k in range(1, 51):
+        w = F.round_to(float(np.float32(w + u)), "fp16")
+        assert run.weights[k] == w, k
+
+
+def test_bf16_running_sum_of_10000_uniform_values_sticks_at_256():
+    values = torch.rand(10_000, generator=torch.Generator().manual_seed(0))
+    rs = X.running_sum(values, "bf16")
+    assert rs.low == 256.0
+    assert rs.exact == pytest.approx(5000, rel=0.02) and rs.fp32 == pytest.approx(rs.exact,
+                                                                                   rel=1e-5)
+    assert rs.partial[rs.stalled_from - 1] == 256.0 and (rs.partial[rs.stalled_from:] == 256).all()
+    acc = 0.0  # the same sums by mplab.formats
+    for v in values[:600].tolist():
+        acc = F.round_to(float(np.float32(acc + v)), "bf16")
+    assert acc == rs.partial[599]
+    assert X.running_sum(torch.empty(0), "fp16").low == 0.0
+
+
+def test_swamping_bad_inputs():
+    with pytest.raises(ValueError, match="steps"):
+        X.swamping_run(1.0, 0.1, -1)
+    with pytest.raises(ValueError, match="update"):
+        X.swamping_run(1.0, math.nan, 5)
+    with pytest.raises(ValueError, match="accepted"):
+        X.swamping_run(1.0, 0.1, 5, precision="fp9")
+
+
+# --- overflow -----------------------------------------------------------------------------------
+
+def test_overflow_demo_fp16_inf_turns_to_nan_bf16_stays_finite():
+    fp16 = X.overflow_demo("fp16")
+    assert fp16.first_inf == "ff_out: h·W2ᵀ + b2" and fp16.first_nan == "layer_norm"
+    ff = next(s for s in fp16.stages if s.stage == fp16.first_inf)
+    assert ff.reference_max == 66_246.0 > 65_504 and ff.inf == 1
+    assert math.isnan(fp16.loss) and math.isfinite(fp16.reference_loss)
+    bf16 = X.overflow_demo("bf16")
+    assert bf16.finite and bf16.first_inf is None
+    assert next(s for s in bf16.stages if s.stage.startswith("ff_out")).max_finite == 66_048.0
+    assert bf16.loss == pytest.approx(bf16.reference_loss, rel=0.02)
+    assert X.overflow_demo("fp8_e4m3").finite  # saturates at 448 instead
+    assert X.overflow_demo("fp8_e5m2").first_nan == "layer_norm"
+    assert len(fp16.table()) == len(fp16.stages)

@@ -1,0 +1,162 @@
+"""The import direction DESIGN.md draws, read off every mplab module's imports (ast, nothing run).
+
+    notebooks -> widgets, exercises -> library -> torch / transformers / accelerate
+
+Nothing in the library imports a widget or an exercise (the grader, mplab.grade, belongs to the
+exercises); widgets and exercises do not import each other; the exact layer (float formats,
+casts, the GradScaler, the trace) imports nothing that trains or loads data, so it stands alone.
+No module, and no notebook, uses another module's private names.
+"""
+
+import ast
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import mplab
+
+PACKAGE = Path(mplab.__file__).resolve().parent
+NOTEBOOKS = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
+
+#: Modules that are exact arithmetic over torch and stand on their own.
+EXACT = ("mplab.formats", "mplab.explain", "mplab.casts", "mplab.histograms", "mplab.scaler",
+         "mplab.trace")
+#: What the exact layer must not import: data, models, training, the lesson fixtures, the UI.
+NOT_FOR_EXACT = ("mplab.data", "mplab.models", "mplab.train", "mplab.lessons", "mplab.widgets",
+                 "mplab.exercises", "mplab.grade")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def is_module(name: str) -> bool:
+    return name in MODULES
+
+
+def layer(name: str) -> str:
+    if within(name, "mplab.widgets"):
+        return "widgets"
+    if within(name, "mplab.exercises") or within(name, "mplab.grade"):
+        return "exercises"
+    return "library"
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def imports(name: str, tree: ast.AST) -> dict[str, list[str]]:
+    """mplab module imported -> the names taken from it ([] for a plain `import`)."""
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if within(a.name, "mplab"):
+                    found.setdefault(a.name, [])
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            if not within(source, "mplab"):
+                continue
+            for a in node.names:
+                sub = f"{source}.{a.name}"
+                if is_module(sub):  # `from mplab import casts`: the module itself
+                    found.setdefault(sub, [])
+                else:
+                    found.setdefault(source, []).append(a.name)
+    return found
+
+
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+IMPORTS = {name: imports(name, tree) for name, tree in TREES.items()}
+
+
+def test_every_module_is_read():
+    assert {"mplab.casts", "mplab.capture", "mplab.failures", "mplab.lessons", "mplab.formats",
+            "mplab.widgets.lesson2", "mplab.exercises.lesson2", "mplab.train.torch_path"} <= set(
+        MODULES)
+    assert "mplab.ranges" not in MODULES
+    assert "mplab.lessons" in IMPORTS["mplab.exercises.lesson2"]
+
+
+def test_nothing_in_the_library_imports_a_widget_or_an_exercise():
+    wrong = {(m, i) for m, found in IMPORTS.items() if layer(m) == "library"
+             for i in found if layer(i) != "library"}
+    assert not wrong, f"library modules importing a widget or an exercise: {sorted(wrong)}"
+
+
+def test_widgets_and_exercises_do_not_import_each_other():
+    wrong = {(m, i) for m, found in IMPORTS.items() for i in found
+             if {layer(m), layer(i)} == {"widgets", "exercises"}}
+    assert not wrong, sorted(wrong)
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_the_exact_layer_stands_alone(name):
+    assert name in MODULES, f"{name} is gone: update EXACT"
+    wrong = [i for i in IMPORTS[name] if any(within(i, bad) for bad in NOT_FOR_EXACT)]
+    assert not wrong, f"{name} imports {wrong}: the exact layer must not depend on them"
+
+
+def private_uses(tree: ast.AST, aliases: dict[str, str]) -> list[str]:
+    """`alias._name` where alias is an mplab module: another module's private name."""
+    return [f"{aliases[n.value.id]}.{n.attr}" for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id in aliases and n.attr.startswith("_") and not n.attr.startswith("__")]
+
+
+def module_aliases(tree: ast.AST, resolve) -> dict[str, str]:
+    """Local name -> the mplab module it is bound to, for `import ... as` and `from ... import`."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if within(a.name, "mplab"):
+                    out[a.asname or a.name] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            source = resolve(node)
+            for a in node.names:
+                if source and is_module(f"{source}.{a.name}"):
+                    out[a.asname or a.name] = f"{source}.{a.name}"
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_uses_another_modules_private_names(name):
+    taken = [f"{source}.{n}" for source, names in IMPORTS[name].items() for n in names
+             if n.startswith("_") and not n.startswith("__")]
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+
+    def resolve(node):
+        if node.level:
+            return f"{package}.{node.module}" if node.module else package
+        return node.module if node.module and within(node.module, "mplab") else None
+
+    used = private_uses(TREES[name], module_aliases(TREES[name], resolve))
+    assert not taken + used, f"{name} reaches into private names: {taken + used}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_use_only_public_names_of_mplab(path):
+    nb = nbformat.read(path, as_version=4)
+    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    tree = ast.parse(source)
+
+    def resolve(node):
+        return node.module if node.module and within(node.module, "mplab") else None
+
+    taken = [f"{node.module}.{a.name}" for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and resolve(node)
+             for a in node.names if a.name.startswith("_")]
+    used = private_uses(tree, module_aliases(tree, resolve))
+    assert not taken + used, f"{path.name} reaches into private names: {taken + used}"

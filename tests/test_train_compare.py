@@ -1,0 +1,43 @@
+"""mplab.train.compare: the three ways to train measured from the code that really runs."""
+
+import pytest
+
+from mplab.train import PATHS, compare
+
+
+def test_the_torch_path_writes_every_step_of_the_amp_loop_itself():
+    torch_path = compare.profile("torch")
+    assert torch_path.steps_written == tuple(compare.STEPS)
+    assert torch_path.steps_hidden == ()
+    # the counted code is the method: no docstring, no comments, none of Run's bookkeeping
+    lines = compare.method_lines("torch")
+    assert "scaler.update()" in lines and "scaler.step(optimizer)" in lines
+    assert not any(line.startswith(('"""', "#")) or "run.record" in line for line in lines)
+    assert torch_path.lines_of_code == len(lines) >= 20
+    # torch.autocast and torch.amp.GradScaler's own keyword arguments, read from torch
+    assert torch_path.settings_exposed >= 8
+
+
+def test_a_diff_of_two_paths_is_their_real_source_line_by_line():
+    text = compare.diff("torch", "torch")
+    assert text == ""  # the same function: nothing to change
+    assert "scaler.scale(micro_loss).backward()" in compare.source("torch")
+
+
+@pytest.mark.skipif(len(PATHS) < 3, reason="needs the accelerate and trainer paths")
+def test_each_path_hides_more_of_the_loop_and_needs_fewer_lines():
+    torch_path, accelerate, trainer = (compare.profile(p) for p in ("torch", "accelerate",
+                                                                    "trainer"))
+    assert len(torch_path.steps_written) > len(accelerate.steps_written) > len(
+        trainer.steps_written)
+    assert torch_path.lines_of_code > trainer.lines_of_code
+    assert "loss scaling" in accelerate.steps_hidden  # Accelerate's backward scales
+    text = compare.diff("torch", "accelerate")
+    assert any(line.startswith("-") and "scaler.scale(" in line for line in text.splitlines())
+    assert any(line.startswith("+") and "accelerator.backward(" in line
+               for line in text.splitlines())
+
+
+def test_an_unknown_path_is_named_with_the_accepted_ones():
+    with pytest.raises(ValueError, match="unknown path 'keras'; accepted: 'torch'"):
+        compare.profile("keras")
