@@ -201,6 +201,16 @@ def test_the_trainer_loads_a_local_folder_through_datasets_and_evaluates_every_e
     assert abs(trainer.eval_accuracy - ours.eval_accuracy) <= 2 / 60  # the same 60 reviews
 
 
+def test_the_trainers_data_loader_names_a_dataset_it_cannot_find():
+    from mplab import data
+
+    with pytest.raises(ValueError, match="dataset 'no/such.jsonl' is not a folder of .jsonl"):
+        data.hf_dataset("no/such.jsonl")
+    with pytest.raises(ValueError, match="dataset 'sentiment' has no split 'validation'; "
+                                         "accepted: 'test', 'train'"):
+        data.hf_dataset("sentiment", "validation")
+
+
 @pytest.mark.parametrize("path", ["accelerate", "trainer"])
 def test_a_run_interrupted_and_resumed_gives_bit_identical_losses(tmp_path, path):
     """Accelerate's save_state/load_state, or the Trainer's own checkpoints, continue the run

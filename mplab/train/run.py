@@ -1,7 +1,7 @@
 """A training run's state in one record, and the bookkeeping every path does around its step.
 
-A path (torch_path.py, and the next lessons' accelerate and trainer paths) builds its optimizer,
-scaler and autocast where a reader sees them, then drives a `Run`:
+A path (torch_path.py, accelerate_path.py, trainer_path.py) builds its optimizer, scaler and
+autocast where a reader sees them, then drives a `Run`:
 
     with Run.start(config, "torch", model, tokenizer, on_step) as run:
         ...                                    # the path's optimizer, scaler, autocast
@@ -12,7 +12,10 @@ scaler and autocast where a reader sees them, then drives a `Run`:
         return run.finish()
 
 `Run` owns the data, progress bar, timing, periodic evaluation, checkpoints, the `on_step`
-callback and the `TrainResult`; the path owns the arithmetic.
+callback, the audit and the `TrainResult`; the path owns the arithmetic. A path whose library
+runs the loop hands Run its pieces instead: Accelerate's prepared DataLoader
+(`loader_batches`), its `save_state`/`load_state` (`prepare`), the Trainer's callbacks
+(`managed`: the Trainer evaluates and checkpoints itself).
 """
 
 from __future__ import annotations
