@@ -355,7 +355,9 @@ def paths_chart(profiles, ax=None, *, pyplot: bool = True) -> Figure:
                     (r["lines of code"], written), textcoords="offset points", xytext=(10, -4),
                     fontsize=8)
     most = max(r["lines of code"] for r in rows)
-    ax.set_xlim(most * 1.35, 0)  # fewer lines of code is easier: easier to the right
+    ax.set_xlim(most * 1.25, -most * 0.5)  # fewer lines is easier: easier to the right
+    ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= most * 1.25])
+    ax.set_xlim(most * 1.25, -most * 0.5)  # set_xticks may widen the limits again
     ax.set_ylim(-0.8, total + 0.8)
     ax.set_xlabel("ease of use →  (lines of code you write, fewer to the right)")
     ax.set_ylabel("ability to customise ↑  (steps you write)")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mplab.train import PATHS, compare
+from mplab.train import compare
 
 
 def test_the_torch_path_writes_every_step_of_the_amp_loop_itself():
@@ -24,7 +24,6 @@ def test_a_diff_of_two_paths_is_their_real_source_line_by_line():
     assert "scaler.scale(micro_loss).backward()" in compare.source("torch")
 
 
-@pytest.mark.skipif(len(PATHS) < 3, reason="needs the accelerate and trainer paths")
 def test_each_path_hides_more_of_the_loop_and_needs_fewer_lines():
     torch_path, accelerate, trainer = (compare.profile(p) for p in ("torch", "accelerate",
                                                                     "trainer"))
@@ -41,3 +40,16 @@ def test_each_path_hides_more_of_the_loop_and_needs_fewer_lines():
 def test_an_unknown_path_is_named_with_the_accepted_ones():
     with pytest.raises(ValueError, match="unknown path 'keras'; accepted: 'torch'"):
         compare.profile("keras")
+
+
+def test_the_chart_places_each_path_at_its_measured_lines_and_steps():
+    from mplab import plots
+
+    table = compare.profiles()
+    ax = plots.paths_chart(table, pyplot=False).axes[0]
+    points = [tuple(c.get_offsets()[0]) for c in ax.collections]
+    assert points == [(r["lines of code"], int(r["steps you write"].split(" of ")[0]))
+                      for r in table]
+    assert ax.get_xlim()[0] > ax.get_xlim()[1]  # fewer lines (easier) to the right
+    with pytest.raises(TypeError, match="compare.profiles"):
+        plots.paths_chart([{"path": "torch"}])
