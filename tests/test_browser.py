@@ -404,3 +404,37 @@ def test_training_on_the_accelerate_path_from_the_panel_in_jupyterlab(lab, page,
         assert "Accelerate ignores fp16 on a CPU" in fallback
         assert "ignores fp16 on a CPU" in message.inner_text()
         panel.screenshot(path=str(tmp_path / "accelerate-panel-lab.png"))
+
+
+def test_training_through_the_trainer_from_the_panel_in_jupyterlab(lab, page, tmp_path):
+    """Lesson 6's panel: pick the "trainer" path in the browser, press "train" for a short
+    fp16 run on the CPU, and find in its row and in the kernel that the Trainer trained it in
+    fp32 (it ignores fp16 on a CPU) and that mplab said so."""
+    base, token, runtime_dir = lab
+    notebook = "trainer_panel.ipynb"
+    with screenshot_on_failure(page, tmp_path / "failure.png"):
+        open_and_run(page, lab, notebook,
+                     "from mplab.widgets.lesson4 import training_panel\n"
+                     "panel = training_panel(steps=3, precision='fp16', device='cpu', "
+                     "batch_size=8, eval_samples=16)\npanel")
+        panel = page.locator(".mplab-training-panel")
+        table = panel.locator(".mplab-train-table")
+        table.filter(has_text="No runs yet").wait_for()
+        panel.locator(".mplab-train-path button").filter(
+            has_text=re.compile(r"^trainer$")).click()
+        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
+            wait_until(lambda: kernel_value(client, "panel.path.value") == "'trainer'",
+                       "the kernel to see the trainer path picked")
+            panel.locator(".mplab-train-button").click()
+            row = table.locator("tr").nth(1)
+            row.wait_for()
+            cells = row.locator("td").all_inner_texts()
+            assert cells[:6] == ["1", "trainer", "fp16", cells[3], "float32", "3"]
+            assert kernel_value(client, "panel.results[0].path") == "'trainer'"
+            assert kernel_value(client, "str(panel.results[0].compute_dtype)") == \
+                "'torch.float32'"
+            final = float(kernel_value(client, "panel.results[0].final_loss"))
+        assert cells[6] == f"{final:.4f}"
+        message = panel.locator(".mplab-train-message")
+        assert "ignores fp16 on a CPU" in message.inner_text()
+        panel.screenshot(path=str(tmp_path / "trainer-panel-lab.png"))

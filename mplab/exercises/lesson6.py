@@ -1,0 +1,438 @@
+"""Lesson 6, from Accelerator to Trainer: the exercises.
+
+    from mplab.exercises import lesson6 as ex
+    ex.check("6.1", answer); ex.hint("6.1"); ex.solution("6.1")
+
+The references are the installed libraries and mplab's measurements: which steps each path
+writes comes from :mod:`mplab.train.compare` (the code `train(path=...)` runs); a learner's
+TrainingArguments are built by the installed transformers and trained for one real step by a
+real Trainer, its matmuls watched by :func:`mplab.audit.audit`; a learner's fix for a model
+loaded from a bf16 checkpoint is audited the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import tempfile
+from collections import Counter
+from contextlib import contextmanager
+
+import torch
+
+from mplab import data, models
+from mplab.audit import audit
+from mplab.exercises import (
+    Exercise,
+    Incorrect,
+    Lesson,
+    call,
+    cell,
+    is_blank,
+    need_function,
+    python_block,
+)
+from mplab.train import compare
+from mplab.train.accelerate_path import fresh_accelerate
+
+#: What the checks give TrainingArguments besides the learner's arguments: a throwaway folder
+#: and a run of one step that saves, logs and reports nothing.
+ONE_STEP = {"max_steps": 1, "per_device_train_batch_size": 8, "eval_strategy": "no",
+            "save_strategy": "no", "logging_strategy": "no", "report_to": "none",
+            "disable_tqdm": True}
+_PROBE_DIR = os.path.join(tempfile.gettempdir(), "mplab-lesson6-probe")  # never written to
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+@contextmanager
+def _quiet_transformers():
+    """transformers' logging (a load report, max_steps notes) off while a check runs."""
+    from transformers.utils import logging
+
+    level, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def _reviews(tokenizer, n: int = 8) -> dict[str, torch.Tensor]:
+    """The first `n` lesson reviews, encoded: input_ids, attention_mask, labels."""
+    train = data.load_dataset("sentiment", "train")
+    return data.encode(tokenizer, train.texts[:n], train.labels[:n])
+
+
+def _blank_call(probe):
+    """A blank check for "write this function": blank, or a function that returns the
+    starter's ``...`` for `probe()`. A function that raises is an attempt: its check says why."""
+    def blank(fn) -> bool:
+        if is_blank(fn) or not callable(fn):
+            return is_blank(fn)
+        try:
+            return fn(probe()) is ...
+        except Exception:
+            return False
+    return blank
+
+
+# --- 6.1 what the Trainer takes over ----------------------------------------------------------
+
+STEPS = tuple(compare.STEPS)
+
+
+def taken_over() -> set[str]:
+    """The steps the Accelerate path's code writes and the Trainer path's does not, as
+    mplab.train.compare measures them in the code that runs."""
+    accelerate, trainer = compare.profile("accelerate"), compare.profile("trainer")
+    return set(accelerate.steps_written) - set(trainer.steps_written)
+
+
+def _check_6_1(answer) -> str | None:
+    if isinstance(answer, str) or not isinstance(answer, list | tuple | set):
+        raise Incorrect(f"Give a list of step names, like [\"backward\"]; got "
+                        f"{type(answer).__name__}.")
+    names = [str(a).strip().lower() for a in answer]
+    unknown = [n for n in names if n not in STEPS]
+    if unknown:
+        return f"Not step names: {unknown!r}. Use names from the list: {list(STEPS)!r}."
+    given, want = set(names), taken_over()
+    hidden_already = set(compare.profile("accelerate").steps_hidden)
+    if given & hidden_already:
+        return (f"{sorted(given & hidden_already)}: the Accelerate loop does not write "
+                f"{'these' if len(given & hidden_already) > 1 else 'this'} either: Accelerate "
+                "already does it inside the prepared model and optimizer (lesson 5). The "
+                "question is what the Trainer takes over from the code the Accelerate loop "
+                "still writes itself.")
+    missing = want - given
+    if missing:
+        return (f"{len(missing)} of the steps the Accelerate loop writes itself "
+                f"{'is' if len(missing) == 1 else 'are'} missing from your list. Read the - "
+                "lines of the loop: every call on the loss, the optimizer, the scheduler and "
+                "the accelerator is a step you wrote there.")
+    return None
+
+
+# --- 6.2 bf16 on a CPU ------------------------------------------------------------------------
+
+def _training_arguments(answer: dict, output_dir: str):
+    """TrainingArguments(**answer) for a one-step run in `output_dir`; its refusals become
+    feedback."""
+    from transformers import TrainingArguments
+
+    try:
+        return TrainingArguments(**{**answer, **ONE_STEP, "output_dir": output_dir})
+    except TypeError as err:
+        raise Incorrect(_unknown_argument(err)) from None
+    except ValueError as err:
+        raise Incorrect(_refused(err)) from None
+
+
+def _unknown_argument(err: TypeError) -> str:
+    said = str(err)
+    version = _transformers_version()
+    if "evaluation_strategy" in said:
+        return ("TrainingArguments no longer takes evaluation_strategy, the course's name for "
+                "when to evaluate: renamed in transformers 4.41, removed in 4.51 (this is "
+                f"{version}). The lesson's section 2 shows its name today.")
+    if "no_cuda" in said:
+        return ("TrainingArguments no longer takes no_cuda: it was deprecated in transformers "
+                f"4.32 and is gone in 5 (this is {version}). Its replacement is named for the "
+                "device you want, not the one you don't.")
+    return (f"TrainingArguments (transformers {version}) refused these arguments: {said}. Use "
+            "its keyword names (help(TrainingArguments) lists them).")
+
+
+def _refused(err: ValueError) -> str:
+    said = str(err)
+    if "use_cpu" in said:
+        return (f"TrainingArguments refused: \"{said}\" Without a GPU that has bf16 units, the "
+                "Trainer accepts bf16 only when the arguments say that the run is meant for "
+                "the CPU.")
+    if "At most one" in said:
+        return (f"TrainingArguments refused: \"{said}\" fp16 and bf16 are two different "
+                "16-bit formats; a run computes in one of them.")
+    return f"TrainingArguments refused these arguments: {said}"
+
+
+def one_step_audit(args):
+    """Train the lesson model one step with a real Trainer and these arguments, on eight
+    lesson reviews; the audit of what ran (the matmuls watched over one more step)."""
+    from datasets import Dataset
+    from transformers import PrinterCallback, Trainer
+
+    with _quiet_transformers(), fresh_accelerate():
+        model = models.lesson_model()
+        batch = _reviews(models.lesson_tokenizer())
+        dataset = Dataset.from_dict({k: v.tolist() for k, v in batch.items()})
+        trainer = Trainer(model=model, args=args, train_dataset=dataset)
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+        return audit(trainer.model, trainer.optimizer, accelerator=trainer.accelerator,
+                     batch=batch)
+
+
+def _check_6_2(answer) -> str | None:
+    if not isinstance(answer, dict):
+        raise Incorrect(f"Give a dict of TrainingArguments' keyword arguments, like "
+                        f"{{\"learning_rate\": 1e-3}}; got {type(answer).__name__}.")
+    odd = [k for k in answer if not isinstance(k, str)]
+    if odd:
+        raise Incorrect(f"The dict's keys are argument names, as text; got {odd[0]!r}.")
+    with tempfile.TemporaryDirectory(prefix="mplab-6.2-") as folder:
+        args = _training_arguments(answer, folder)
+        if not (args.bf16 or args.fp16):
+            return ("Nothing in these arguments asks for a 16-bit format: the Trainer trains "
+                    "in fp32 unless told otherwise.")
+        if args.device.type != "cpu":
+            return (f"These arguments train on {args.device} (this machine has a GPU): the "
+                    "task is bf16 on the CPU, so they must say so (use_cpu is the argument "
+                    "for the device).")
+        found = one_step_audit(args)
+    if args.fp16:
+        return (f"fp16=True raised no error, but in the one-step run the matmuls ran in "
+                f"{_name(found.compute_dtype)} (observed): the Trainer, through Accelerate, "
+                "ignores fp16 on a CPU without a word. The CPU's mixed precision is the other "
+                "16-bit format.")
+    if not found.mixed:
+        return f"The one-step run was not mixed precision: {found.verdict}."
+    return None
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# --- 6.3 the course's line, today -------------------------------------------------------------
+
+COURSE_LINE = ('TrainingArguments(output_dir=output_dir, evaluation_strategy="epoch", '
+               'fp16=True)')
+
+
+def _check_6_3(fn) -> str | None:
+    from transformers import TrainingArguments
+
+    need_function(fn, "6.3", "course_arguments")
+    with tempfile.TemporaryDirectory(prefix="mplab-6.3-") as folder, fresh_accelerate():
+        try:
+            args = fn(folder)
+        except TypeError as err:
+            if "unexpected keyword argument" in str(err):
+                return _unknown_argument(err)
+            raise Incorrect(f"course_arguments(output_dir) raised TypeError: {err}",
+                            status="error") from None
+        except ValueError as err:
+            return _refused(err)
+        except Exception as err:
+            raise Incorrect(f"course_arguments(output_dir) raised {type(err).__name__}: {err}",
+                            status="error") from None
+        if not isinstance(args, TrainingArguments):
+            return (f"course_arguments(output_dir) must return the TrainingArguments it builds; "
+                    f"it returned {type(args).__name__}.")
+        if os.path.abspath(str(args.output_dir)) != os.path.abspath(folder):
+            return (f"The arguments write to {args.output_dir!r}, not to the output_dir given "
+                    "to course_arguments: pass it on.")
+        strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+        if strategy != "epoch":
+            return (f"The course's line evaluates after every epoch; these arguments evaluate "
+                    f"on the strategy {strategy!r}. Keep the course's evaluation, under "
+                    "today's name.")
+        if args.fp16:
+            return ("fp16=True is still there: on a CPU the Trainer ignores it and trains in "
+                    "fp32 (section 4 measured it). The task is bf16.")
+        if not args.bf16:
+            return "Nothing asks for bf16: these arguments train in fp32."
+        if args.device.type != "cpu":
+            return (f"These arguments train on {args.device} (this machine has a GPU): the task "
+                    "is a CPU, so say so (use_cpu is the argument for the device).")
+    return None
+
+
+# --- 6.4 the missing master weights -----------------------------------------------------------
+
+@functools.cache
+def _saved_in_bf16() -> torch.nn.Module:
+    """The lesson model saved in bf16 and loaded back the transformers 5 way (as saved)."""
+    from transformers import AutoModelForSequenceClassification
+
+    with tempfile.TemporaryDirectory(prefix="mplab-6.4-") as folder, _quiet_transformers():
+        models.lesson_model().to(torch.bfloat16).save_pretrained(folder)
+        return AutoModelForSequenceClassification.from_pretrained(folder)
+
+
+def bf16_checkpoint_model() -> torch.nn.Module:
+    """A fresh copy of the lesson model as loaded from a checkpoint saved in bf16: every
+    weight bfloat16, no fp32 master copy (what 6.4's fix is given)."""
+    return copy.deepcopy(_saved_in_bf16())
+
+
+def _check_6_4(fn) -> str | None:
+    need_function(fn, "6.4", "fix")
+    model = bf16_checkpoint_model()
+    loaded = [p.detach().clone() for p in model.parameters()]
+    fixed = call(fn, model, what="fix(model)")
+    if fixed is None:
+        return ("fix(model) returned None: return the model, fixed (the check audits what "
+                "it returns).")
+    if not isinstance(fixed, torch.nn.Module):
+        return f"fix(model) must return a torch model; it returned {type(fixed).__name__}."
+    dtypes = Counter()
+    for p in fixed.parameters():
+        dtypes[p.dtype] += p.numel()
+    if len(dtypes) > 1:
+        shares = " and ".join(f"{n:,} {_name(d)}" for d, n in dtypes.most_common())
+        return (f"Only part of the weights changed dtype ({shares} values): every weight "
+                "needs its fp32 master copy, or its updates are still rounded to 16 bits.")
+    if torch.float16 in dtypes:
+        return ("float16 weights are still a 16-bit copy, with fewer exponent bits than the "
+                "bf16 values they came from: there is still no fp32 master copy.")
+    found = audit(fixed, batch=_reviews(models.lesson_tokenizer(), 4),
+                  autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+    if found.param_dtype == torch.bfloat16:
+        return (f"The weights are still bfloat16, so the audit says: {found.verdict}. The "
+                "weights themselves must hold the master copy, in a format with more "
+                "precision than the matmuls.")
+    if found.param_dtype == torch.float64:
+        return (f"float64 weights: autocast leaves float64 tensors alone, so the matmuls ran "
+                f"in {_name(found.compute_dtype)} (observed): no mixed precision, at twice "
+                "fp32's memory. The master copy of mixed precision is fp32.")
+    if not found.mixed:
+        return f"The audit of the returned model says: {found.verdict}."
+    weights = list(fixed.parameters())
+    if len(weights) != len(loaded) or not all(
+            p.shape == q.shape and torch.equal(p.detach().cpu(), q.float())
+            for p, q in zip(weights, loaded)):
+        return ("The weights are float32, but they are not the loaded ones: a new (or "
+                "re-initialised) model loses what the checkpoint held. Keep the model's own "
+                "weights and change only their dtype.")
+    return None
+
+
+def _tiny_bf16() -> torch.nn.Module:
+    return torch.nn.Linear(2, 2, dtype=torch.bfloat16)
+
+
+# --- the exercises ----------------------------------------------------------------------------
+
+EXERCISES = {e.id: e for e in [
+    Exercise(
+        id="6.1", title="What the Trainer takes over",
+        prompt="The diff above shows what moving from lesson 5's Accelerate loop to the "
+               "Trainer removes (-) and adds (+). The Accelerate loop still writes some parts "
+               "of a training step itself (Accelerate does the others inside the prepared "
+               "model and optimizer). Which of those does the Trainer take over? The parts, "
+               "as mplab.train.compare names them:\n\n"
+               + "\n".join(f"- `{name}`" for name in STEPS)
+               + "\n\nAnswer with a list of names, e.g. `[\"backward\"]`. The check compares it "
+               "with what `compare` measures in the code that runs.",
+        starter=cell("6.1: the steps the Accelerate loop writes and the Trainer takes over",
+                     "answer = ...  # a list of step names", "6.1"),
+        solution_code=cell(
+            "6.1: the steps the Accelerate loop writes and the Trainer takes over",
+            "answer = [\"backward\", \"unscale + clip\", \"optimizer step\", \"zero_grad\",\n"
+            "          \"lr schedule\", \"accumulation\"]  # the whole loop body", "6.1"),
+        check=_check_6_1,
+        hints=(
+            "A step the Accelerate loop writes is a call in its code: find them in the - "
+            "lines of the loop. The + lines hold no loop at all.",
+            "compare.profile(\"accelerate\").steps_written lists what the Accelerate code "
+            "writes; compare.profile(\"trainer\").steps_written what the Trainer path writes.",
+            "Everything in the Accelerate loop's body: backward, clipping, the optimizer and "
+            "scheduler steps, zero_grad and the accumulate context; not autocast or the "
+            "scaler, which Accelerate had already hidden.",
+        )),
+    Exercise(
+        id="6.2", title="bf16 on a CPU",
+        prompt="Which `TrainingArguments` make the Trainer train in bf16 mixed precision on "
+               "a CPU? Answer with a dict of keyword arguments, e.g. "
+               "`{\"learning_rate\": 1e-3}`. The check builds `TrainingArguments(**answer)` "
+               "with the installed transformers (adding an `output_dir` and making it a "
+               "one-step run that saves and reports nothing), trains the lesson model one "
+               "step with a real `Trainer`, and audits which dtype its matmuls ran in.",
+        starter=cell("6.2: TrainingArguments for bf16 on a CPU",
+                     "answer = ...  # a dict of keyword arguments", "6.2"),
+        solution_code=cell("6.2: TrainingArguments for bf16 on a CPU",
+                           "answer = {\"bf16\": True, \"use_cpu\": True}", "6.2"),
+        check=_check_6_2,
+        hints=(
+            "Two things to say: which 16-bit format (fp16 is ignored on a CPU, section 4), "
+            "and that the run is meant for the CPU, which the Trainer wants said when bf16 "
+            "is asked for without a bf16 GPU.",
+            "The format is a True/False argument named after it; the device argument replaced "
+            "no_cuda in transformers 4.32.",
+            "{\"bf16\": True, plus the argument whose name says \"use the CPU\": True}.",
+        )),
+    Exercise(
+        id="6.3", title="The course's line, today",
+        prompt="The course wrote this line for a GPU and an older transformers:\n\n"
+               + python_block(f"training_args = {COURSE_LINE}")
+               + "\n\nWrite `course_arguments(output_dir)` that returns the same arguments as "
+               "today's transformers takes them, for bf16 mixed precision on a CPU: evaluated "
+               "after every epoch, as the course's are. The check calls it and reads the "
+               "`TrainingArguments` it returns.",
+        starter=cell("6.3: the course's TrainingArguments line for today's transformers, "
+                     "bf16 on a CPU",
+                     "def course_arguments(output_dir):\n"
+                     "    return ...  # TrainingArguments(output_dir=output_dir, ...)", "6.3",
+                     arg="course_arguments"),
+        solution_code=cell(
+            "6.3: the course's TrainingArguments line for today's transformers, bf16 on a CPU",
+            "def course_arguments(output_dir):\n"
+            "    from transformers import TrainingArguments\n\n"
+            "    return TrainingArguments(output_dir=output_dir, eval_strategy=\"epoch\",\n"
+            "                             bf16=True, use_cpu=True)", "6.3",
+            arg="course_arguments"),
+        check=_check_6_3, blank=_blank_call(lambda: _PROBE_DIR),
+        hints=(
+            "Three changes: one argument was renamed, fp16 does nothing on a CPU, and bf16 on "
+            "a CPU must be told it is meant for the CPU.",
+            "Section 2 printed the rename (renamed(...) from mplab.train.trainer_path); "
+            "section 4 printed what bf16 without a GPU needs.",
+            "TrainingArguments(output_dir=output_dir, <the renamed strategy>=\"epoch\", "
+            "bf16=True, <the CPU argument>=True).",
+        )),
+    Exercise(
+        id="6.4", title="Find the missing master weights",
+        prompt="A model loaded from a checkpoint saved in bf16, the transformers 5 way "
+               "(`AutoModelForSequenceClassification.from_pretrained(folder)`), has bf16 "
+               "weights: mixed precision training of it is pure bf16, with no fp32 master "
+               "weights. Write `fix(model)`, which returns the model ready for mixed "
+               "precision training, its loaded weights kept. The check gives it the lesson "
+               "model loaded that way and audits what `fix` returns over one bf16 autocast "
+               "step (`mplab.audit.audit`).",
+        starter=cell("6.4: give a model loaded in bf16 its fp32 master weights",
+                     "def fix(model):\n"
+                     "    return ...  # the model, ready for mixed precision", "6.4",
+                     arg="fix"),
+        solution_code=cell(
+            "6.4: give a model loaded in bf16 its fp32 master weights",
+            "def fix(model):\n"
+            "    return model.float()  # before the optimizer (or Trainer) is built", "6.4",
+            arg="fix"),
+        check=_check_6_4, blank=_blank_call(_tiny_bf16),
+        hints=(
+            "Mixed precision needs the weights themselves in fp32 (the master copy); autocast "
+            "makes the 16-bit copies for the matmuls on the fly.",
+            "A torch.nn.Module changes the dtype of all its weights at once, in place, and "
+            "returns itself: model.to(dtype) or one of its shorthand methods.",
+            "return model.<the shorthand for float32>()",
+        )),
+]}
+
+LESSON = Lesson(6, list(EXERCISES.values()))
+check = LESSON.check
+hint = LESSON.hint
+solution = LESSON.solution
+exercise_cells = LESSON.exercise_cells
+cells = LESSON.cells
+task_markdown = LESSON.task_markdown
+
