@@ -139,7 +139,7 @@ def training_speed(sizes=(LESSON_SIZE, BIGGER_SIZE), precisions=("fp32", "bf16")
     dev = resolve_device(device)
     rows = []
     for size in sizes:
-        shape = _model_shape(size)
+        shape = model_shape(size)
         base = None
         for precision in precisions:
             with warnings.catch_warnings():  # the slow-hardware notes: the table says it
@@ -157,7 +157,8 @@ def training_speed(sizes=(LESSON_SIZE, BIGGER_SIZE), precisions=("fp32", "bf16")
     return Table(rows, title=f"training steps of batch {batch_size} on {describe(dev.type)}")
 
 
-def _model_shape(size: dict) -> dict:
+def model_shape(size: dict) -> dict:
+    """lesson_model's config for a size: heads and feed-forward follow `hidden_size`."""
     hidden = size.get("hidden_size", 128)
     if not isinstance(hidden, int) or hidden < 64 or hidden % 64:
         raise ValueError(f"hidden_size must be a multiple of 64, got {hidden!r}")

@@ -18,7 +18,7 @@ import torch
 from mplab.hardware import has_units, resolve_device
 
 from .peaks import datasheet_gpu, datasheet_peak, matmul_parameters, mfu, training_flops
-from .speed import _model_shape, time_matmul
+from .speed import model_shape, time_matmul
 
 
 @dataclass
@@ -235,7 +235,7 @@ def _warm_up(plan: Plan) -> None:
     hidden, layers = plan.model_sizes[0]
     for precision in plan.precisions:
         if _runs_fast(precision, plan.device):
-            _train(plan, lesson_model(**_model_shape({"hidden_size": hidden,
+            _train(plan, lesson_model(**model_shape({"hidden_size": hidden,
                                                       "num_hidden_layers": layers})),
                    precision, 2, plan.batch_size)
 
@@ -259,7 +259,7 @@ def train_row(plan: Plan, hidden: int, layers: int, precision: str, batch_size: 
     size = {"hidden_size": hidden, "num_hidden_layers": layers}
     if plan.big_model and (hidden, layers) == plan.big_model:
         size |= {"intermediate_size": 4 * hidden, "max_position_embeddings": 128}
-    model = lesson_model(**_model_shape(size))
+    model = lesson_model(**model_shape(size))
     probe = CpuMemoryProbe(model) if plan.device == "cpu" else None
     run = _train(plan, model, precision, plan.steps, batch_size,
                  on_step=probe.on_step if probe else None)
