@@ -34,12 +34,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from mplab._display import Table
+from mplab.formats import dtype_from_name, dtype_name, dtype_of
 from mplab.trace import MatmulDtypeProbe
 
 _LOW = (torch.float16, torch.bfloat16)
-_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64}
-_ASKED = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None, "no": None}
 DTYPE_FIELDS = ("param_dtype", "grad_dtype", "optimizer_state_dtype", "compute_dtype",
                 "output_dtype")
 
@@ -113,7 +111,7 @@ class Audit:
 
     @property
     def verdict(self) -> str:
-        compute, params = _name(self.compute_dtype), _name(self.param_dtype)
+        compute, params = dtype_name(self.compute_dtype), dtype_name(self.param_dtype)
         if self.compute_dtype is None:
             return "the matmuls were not observed: give batch= (one step is run) or result="
         if self.mixed:
@@ -129,9 +127,9 @@ class Audit:
     def as_dict(self) -> dict:
         out = asdict(self)
         for key in DTYPE_FIELDS:
-            out[key] = _name(out[key])
+            out[key] = dtype_name(out[key])
         if self.autocast:
-            out["autocast"] = {**self.autocast, "dtype": _name(self.autocast["dtype"])}
+            out["autocast"] = {**self.autocast, "dtype": dtype_name(self.autocast["dtype"])}
         out["mixed"], out["verdict"] = self.mixed, self.verdict
         return out
 
@@ -139,16 +137,17 @@ class Audit:
     def from_dict(cls, data: dict) -> Audit:
         data = {k: v for k, v in data.items() if k not in ("mixed", "verdict")}
         for key in DTYPE_FIELDS:
-            data[key] = _NAMES.get(data.get(key))
+            data[key] = dtype_from_name(data.get(key))
         if data.get("autocast"):
-            data["autocast"] = {**data["autocast"], "dtype": _NAMES.get(data["autocast"]["dtype"])}
+            dtype = dtype_from_name(data["autocast"]["dtype"])
+            data["autocast"] = {**data["autocast"], "dtype": dtype}
         return cls(**data)
 
     def table(self) -> Table:
         rows = [("asked for", self.asked or "-"),
                 ("autocast", _autocast_text(self.autocast)),
-                ("matmuls ran in (observed)", _name(self.compute_dtype) or "not observed"),
-                ("model output", _name(self.output_dtype) or "not observed"),
+                ("matmuls ran in (observed)", dtype_name(self.compute_dtype) or "not observed"),
+                ("model output", dtype_name(self.output_dtype) or "not observed"),
                 ("weights (master copy)", _breakdown(self.param_dtypes)),
                 ("gradients", _breakdown(self.grad_dtypes) or "none yet"),
                 ("optimizer states", _breakdown(self.optimizer_state_dtypes) or "none yet"),
@@ -252,7 +251,7 @@ def _autocast_state(autocast, accelerator, model) -> dict | None:
         raise ValueError(f"autocast must be a torch.autocast(...) context (or None), got "
                          f"{type(autocast).__name__}")
     if accelerator is not None:
-        asked = _ASKED.get(str(getattr(accelerator, "mixed_precision", "no")))
+        asked = _asked_dtype(str(getattr(accelerator, "mixed_precision", "no")))
         native = bool(getattr(accelerator, "native_amp", False))
         return {"device": accelerator.device.type, "dtype": asked if native else None,
                 "enabled": native and asked is not None,
@@ -271,7 +270,7 @@ def _asked(result, accelerator, autocast) -> str | None:
         return "fp32" if mode == "no" else mode
     if autocast is not None and autocast["dtype"] is not None:
         return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(autocast["dtype"],
-                                                                  _name(autocast["dtype"]))
+                                                                  dtype_name(autocast["dtype"]))
     return None
 
 
@@ -307,7 +306,7 @@ def _watch_one_step(model, batch, autocast) -> Observer:
 
 def _fallbacks(report: Audit, model, result, accelerator) -> tuple[list[str], list[str]]:
     found, notes = [], []
-    asked = _ASKED.get(report.asked) if report.asked else None
+    asked = _asked_dtype(report.asked) if report.asked else None
     compute, ac = report.compute_dtype, report.autocast
     path = getattr(result, "path", None)
     device = (ac or {}).get("device") or _device_of(model)
@@ -317,32 +316,34 @@ def _fallbacks(report: Audit, model, result, accelerator) -> tuple[list[str], li
         if asked == torch.float16 and device == "cpu" and who:
             found.append(f"fp16 was asked for, but {who} ignores fp16 on a CPU, without a "
                          f"warning: no autocast, no GradScaler, and the matmuls ran in "
-                         f"{_name(compute)}. This was an fp32 run. On a CPU use bf16; fp16 "
+                         f"{dtype_name(compute)}. This was an fp32 run. On a CPU use bf16; fp16 "
                          "needs a GPU")
         elif ac and not ac["enabled"] and ac["dtype"] is not None:
             pass  # said below, with the reason
         else:
             found.append(f"{report.asked} was asked for, but the matmuls ran in "
-                         f"{_name(compute)}: autocast did not act (did the forward pass run "
+                         f"{dtype_name(compute)}: autocast did not act (did the forward pass run "
                          "inside the autocast context?)")
     fp32_run = report.asked == "fp32"  # mplab's fp32 runs hold autocast(enabled=False)
     if ac and ac["by"] == "torch.autocast" and not ac["enabled"] and ac["dtype"] is not None \
             and not fp32_run and not _autocast_supported(ac["device"], ac["dtype"]):
-        found.append(f"autocast is off: torch does not support {_name(ac['dtype'])} autocast on "
-                     f"{ac['device']} (it disabled it with one UserWarning), so everything ran "
-                     f"in {_name(compute) or 'float32'}. Accepted there: "
-                     f"{', '.join(_name(d) for d in _LOW if _autocast_supported(ac['device'], d))}")
+        accepted = [dtype_name(d) for d in _LOW if _autocast_supported(ac["device"], d)]
+        found.append(f"autocast is off: torch does not support {dtype_name(ac['dtype'])} "
+                     f"autocast on {ac['device']} (it disabled it with one UserWarning), so "
+                     f"everything ran in {dtype_name(compute) or 'float32'}. Accepted there: "
+                     f"{', '.join(accepted)}")
     if report.param_dtype in _LOW:
         saved = getattr(getattr(model, "config", None), "dtype", None)
-        how = (f"the checkpoint was saved in {_name(saved)} and loaded as saved (transformers'"
-               " dtype='auto')" if saved in _LOW else "the model was cast to it")
-        found.append(f"the weights are {_name(report.param_dtype)}: {how}, so there are no fp32 "
-                     "master weights and every update is rounded to "
-                     f"{_name(report.param_dtype)}: pure low precision, not mixed. Load or keep "
+        how = (f"the checkpoint was saved in {dtype_name(saved)} and loaded as saved "
+               "(transformers' dtype='auto')" if saved in _LOW else "the model was cast to it")
+        weights = dtype_name(report.param_dtype)
+        found.append(f"the weights are {weights}: {how}, so there are no fp32 master weights "
+                     f"and every update is rounded to {weights}: pure low precision, not "
+                     "mixed. Load or keep "
                      "the weights in float32 (mplab.models.load_pretrained(..., dtype="
                      "torch.float32), model.float())")
     if report.optimizer_state_dtype in _LOW:
-        found.append(f"the optimizer's states are {_name(report.optimizer_state_dtype)}: "
+        found.append(f"the optimizer's states are {dtype_name(report.optimizer_state_dtype)}: "
                      "Adam's running averages lose the small updates they exist to keep; they "
                      "follow the weights' dtype, so keep the weights in float32")
     low_run = compute == torch.bfloat16 or (compute is None and asked == torch.bfloat16)
@@ -353,7 +354,7 @@ def _fallbacks(report: Audit, model, result, accelerator) -> tuple[list[str], li
     if compute in _LOW and report.output_dtype == torch.float32 and (
             (ac or {}).get("by", "").startswith("Accelerate") or path in ("accelerate", "trainer")):
         notes.append(f"the model's output is float32 although its matmuls ran in "
-                     f"{_name(compute)}: Accelerate converts a prepared model's outputs to "
+                     f"{dtype_name(compute)}: Accelerate converts a prepared model's outputs to "
                      "fp32 (convert_outputs_to_fp32), so the loss is computed in fp32")
     if not report.grad_dtypes:
         notes.append("no gradients to look at (none since the last zero_grad); give batch= "
@@ -381,7 +382,16 @@ def _by_dtype(tensors) -> dict[torch.dtype, int]:
 
 
 def _named(counts: dict[torch.dtype, int]) -> dict[str, int]:
-    return {_name(d): n for d, n in sorted(counts.items(), key=lambda kv: -kv[1])}
+    return {dtype_name(d): n for d, n in sorted(counts.items(), key=lambda kv: -kv[1])}
+
+
+def _asked_dtype(precision: str) -> torch.dtype | None:
+    """The low dtype a precision asks for ("bf16" -> torch.bfloat16); None for fp32 / "no"."""
+    try:
+        dtype = dtype_of(precision)
+    except ValueError:  # "no", Accelerate's name for fp32, or one mplab does not audit
+        return None
+    return dtype if dtype in _LOW else None
 
 
 def _majority(counts: dict) -> torch.dtype | None:
@@ -390,7 +400,7 @@ def _majority(counts: dict) -> torch.dtype | None:
 
 def _majority_named(counts: dict[str, int]) -> torch.dtype | None:
     name = _majority(counts)
-    return _NAMES.get(name, None) if name else None
+    return dtype_from_name(name)
 
 
 def _first_float(output) -> torch.Tensor | None:
@@ -408,10 +418,6 @@ def _device_of(model) -> str | None:
     return p.device.type if p is not None else None
 
 
-def _name(dtype) -> str | None:
-    return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
 def _breakdown(counts: dict[str, int]) -> str:
     total = sum(counts.values())
     if not total:
@@ -425,9 +431,9 @@ def _autocast_text(state: dict | None) -> str:
     if state is None:
         return "none given"
     if not state["enabled"]:
-        asked = f" ({_name(state['dtype'])} asked)" if state["dtype"] is not None else ""
+        asked = f" ({dtype_name(state['dtype'])} asked)" if state["dtype"] is not None else ""
         return f"off{asked}, {state['by']}"
-    return f"on: {state['device']}, {_name(state['dtype']) or 'its dtype'}, {state['by']}"
+    return f"on: {state['device']}, {dtype_name(state['dtype']) or 'its dtype'}, {state['by']}"
 
 
 def _scaler_text(state: dict | None) -> str:

@@ -175,6 +175,18 @@ def dtype_of(precision) -> torch.dtype:
     return f.dtype()
 
 
+def dtype_name(dtype: torch.dtype | None) -> str | None:
+    """torch's name of a dtype, as records store it ("bfloat16"); None stays None."""
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str | None) -> torch.dtype | None:
+    """The inverse of `dtype_name` ("bfloat16" -> torch.bfloat16), None for None or a name
+    torch has no dtype for (a record written by another torch)."""
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
 # --- turning what a learner gives into an exact value ----------------------------------------
 
 # Powers of ten or two beyond this are 0 or inf in every format; past it, skip exact bignums.

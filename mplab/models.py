@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from mplab.data import DATA_DIR
-from mplab.formats import dtype_of
+from mplab.formats import dtype_name, dtype_of
 
 LESSON_TOKENIZER = DATA_DIR / "sentiment" / "tokenizer"
 
@@ -169,14 +169,15 @@ def load_pretrained(name_or_path: str | Path, num_labels: int = 2, *,
                          "has in its Hugging Face cache") from err
     loaded = next(model.parameters()).dtype
     if saved is not None and saved != loaded:
-        warnings.warn(f"{name!r} was saved in {_name(saved)}; loaded with {_name(loaded)} "
+        warnings.warn(f"{name!r} was saved in {dtype_name(saved)}; loaded with "
+                      f"{dtype_name(loaded)} "
                       f"weights (transformers' default, dtype='auto', would give "
-                      f"{_name(saved)} weights: no fp32 master copy)", LoadWarning,
+                      f"{dtype_name(saved)} weights: no fp32 master copy)", LoadWarning,
                       stacklevel=2)
     elif loaded in (torch.bfloat16, torch.float16):
-        warnings.warn(f"{name!r} loaded with {_name(loaded)} weights, as saved: there is no "
+        warnings.warn(f"{name!r} loaded with {dtype_name(loaded)} weights, as saved: there is no "
                       "fp32 master copy, so mixed precision training of it is pure "
-                      f"{_name(loaded)}; load with dtype=torch.float32 to train it mixed",
+                      f"{dtype_name(loaded)}; load with dtype=torch.float32 to train it mixed",
                       LoadWarning, stacklevel=2)
     return model, tokenizer
 
@@ -195,5 +196,3 @@ def _load_dtype(dtype) -> str | torch.dtype:
     return wanted
 
 
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

@@ -5,6 +5,7 @@ import torch
 
 from mplab import bench, hardware
 from mplab._display import Table
+from mplab.bench import speed
 
 
 def test_matmul_speed_times_each_precision_against_the_first():
@@ -90,17 +91,17 @@ def speeds(bf16_speed, hidden=128):
 
 
 def test_the_training_speed_explanation_names_the_units_and_the_matrix_size(monkeypatch):
-    monkeypatch.setattr(bench, "has_units", lambda precision: True)
-    monkeypatch.setattr(bench, "_present", lambda precision: "amx_bf16")
+    monkeypatch.setattr(speed, "has_units", lambda precision: True)
+    monkeypatch.setattr(speed, "_present", lambda precision: "amx_bf16")
     timings = {"fp32": 4.0, "bf16": 1.0}  # the bare matmul: bf16 4x faster
-    monkeypatch.setattr(bench, "time_matmul", lambda n, p, device, budget_s: bench.MatmulTiming(
+    monkeypatch.setattr(speed, "time_matmul", lambda n, p, device, budget_s: bench.MatmulTiming(
         p, n, device, timings[p], 1))
     small = bench.explain_training_speed(speeds(0.8))
     assert "0.80× fp32's speed" in small and "too small (128 wide)" in small
     assert "runs 4.0× faster in bf16" in small and "amx_bf16" in small
     big = bench.explain_training_speed(speeds(1.9, hidden=512))
     assert "1.9× faster" in big and "big enough" in big
-    monkeypatch.setattr(bench, "has_units", lambda precision: False)
+    monkeypatch.setattr(speed, "has_units", lambda precision: False)
     none = bench.explain_training_speed(speeds(0.1))
     assert "10× slower" in none and "no bf16 units" in none
     with pytest.raises(ValueError, match="empty"):

@@ -369,6 +369,43 @@ def test_training_from_the_panel_in_jupyterlab(lab, page, tmp_path):
         panel.screenshot(path=str(tmp_path / "panel-lab.png"))
 
 
+def test_training_on_the_accelerate_path_from_the_panel_in_jupyterlab(lab, page, tmp_path):
+    """Lesson 5's panel, on the Accelerate path: pick fp16, press "train" on a CPU, and see the
+    run's row (its matmuls in float32) and the message that Accelerate ignored fp16; the
+    kernel holds the same run and its audit."""
+    base, token, runtime_dir = lab
+    notebook = "accelerate_panel.ipynb"
+    with screenshot_on_failure(page, tmp_path / "failure.png"):
+        open_and_run(page, lab, notebook,
+                     "from mplab.widgets.lesson4 import training_panel\n"
+                     "panel = training_panel(steps=3, precision='bf16', path='accelerate', "
+                     "device='cpu', batch_size=8, eval_samples=16)\npanel")
+        panel = page.locator(".mplab-training-panel")
+        table = panel.locator(".mplab-train-table")
+        table.filter(has_text="No runs yet").wait_for()
+        assert panel.locator(".mplab-train-path .mod-active").inner_text() == "accelerate"
+        panel.locator(".mplab-train-precision button").filter(
+            has_text=re.compile(r"^fp16$")).click()
+        panel.locator(".mplab-train-precision .mod-active").filter(has_text="fp16").wait_for()
+        panel.locator(".mplab-train-button").click()
+        row = table.locator("tr").nth(1)
+        row.wait_for()
+        cells = row.locator("td").all_inner_texts()
+        assert cells[:6] == ["1", "accelerate", "fp16", cells[3], "float32", "3"]
+        message = panel.locator(".mplab-train-message")
+        message.filter(has_text="Accelerate ignores fp16 on a CPU").wait_for()
+        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
+            assert kernel_value(client, "panel.precision.value") == "'fp16'"
+            assert kernel_value(client, "[r.path for r in panel.results]") == "['accelerate']"
+            assert kernel_value(client, "str(panel.results[0].compute_dtype)") == \
+                "'torch.float32'"
+            assert kernel_value(client, "panel.results[0].audit.mixed") == "False"
+            fallback = kernel_value(client, "panel.results[0].audit.fallbacks[0]")
+        assert "Accelerate ignores fp16 on a CPU" in fallback
+        assert "ignores fp16 on a CPU" in message.inner_text()
+        panel.screenshot(path=str(tmp_path / "accelerate-panel-lab.png"))
+
+
 def test_training_through_the_trainer_from_the_panel_in_jupyterlab(lab, page, tmp_path):
     """Lesson 6's panel: pick the "trainer" path in the browser, press "train" for a short
     fp16 run on the CPU, and find in its row and in the kernel that the Trainer trained it in

@@ -41,6 +41,7 @@ def test_a_bf16_run_sits_beside_the_fp32_one_with_its_observed_dtype():
     assert panel.results[1].compute_dtype == torch.bfloat16
     bf16 = panel.rows[1]
     assert bf16["matmuls ran in"] == "bfloat16"
+    assert panel.rows[0]["really mixed?"] == "no" and bf16["really mixed?"] == "yes"
     speedup = panel.results[1].samples_per_s / panel.results[0].samples_per_s
     assert bf16["vs fp32"] == f"{speedup:.2f}×"
     panel.clear.click()
@@ -82,3 +83,13 @@ def test_any_other_failure_is_shown_not_raised(monkeypatch):
 def test_bad_settings_say_what_is_accepted(bad, words):
     with pytest.raises((ValueError, TypeError), match=re.escape(words)):
         training_panel(**bad)
+
+
+def test_fp16_through_accelerate_on_a_cpu_is_shown_as_not_really_mixed():
+    """Accelerate ignores fp16 on a CPU without a word; the panel's row and message say so."""
+    panel = training_panel(steps=2, precision="fp16", device="cpu", path="accelerate", **TINY)
+    panel.button.click()
+    (row,) = panel.rows
+    assert row["path"] == "accelerate" and row["matmuls ran in"] == "float32"
+    assert row["really mixed?"].startswith("no (") and "fallback" in row["really mixed?"]
+    assert "fp16" in panel.message.value

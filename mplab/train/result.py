@@ -11,8 +11,7 @@ import torch
 
 from mplab._display import Table
 from mplab.audit import DTYPE_FIELDS, Audit
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from mplab.formats import dtype_from_name, dtype_name
 
 
 @dataclass
@@ -80,7 +79,7 @@ class TrainResult:
         """Plain types only: dtypes as their names ("bfloat16"), non-finite floats as strings."""
         out = asdict(self)
         for key in DTYPE_FIELDS:
-            out[key] = _dtype_name(getattr(self, key))
+            out[key] = dtype_name(getattr(self, key))
         out["audit"] = self.audit.as_dict() if self.audit is not None else None
         out["eval_history"] = [list(pair) for pair in self.eval_history]
         return _json_safe(out)
@@ -91,7 +90,7 @@ class TrainResult:
         known = {f.name for f in fields(cls)}
         data = _from_json_safe({k: v for k, v in data.items() if k in known})
         for key in DTYPE_FIELDS:
-            data[key] = _DTYPES.get(data.get(key))
+            data[key] = dtype_from_name(data.get(key))
         data["audit"] = Audit.from_dict(data["audit"]) if data.get("audit") else None
         data["eval_history"] = [tuple(pair) for pair in data.get("eval_history", [])]
         return cls(**data)
@@ -140,11 +139,11 @@ class TrainResult:
         rows = [
             ("path / precision", f"{self.path} / {self.precision}"),
             ("device", f"{self.device} ({self.device_name})" if self.device_name else self.device),
-            ("matmuls ran in", _dtype_name(self.compute_dtype) or "-"),
+            ("matmuls ran in", dtype_name(self.compute_dtype) or "-"),
             ("weights / gradients / optimizer states",
-             " / ".join(_dtype_name(d) or "-" for d in (self.param_dtype, self.grad_dtype,
+             " / ".join(dtype_name(d) or "-" for d in (self.param_dtype, self.grad_dtype,
                                                         self.optimizer_state_dtype))),
-            ("model output", _dtype_name(self.output_dtype) or "-"),
+            ("model output", dtype_name(self.output_dtype) or "-"),
             ("model", f"{self.model} ({self.parameters:,} parameters)"),
             ("steps", f"{len(self.losses)} of {self.steps}"
                       + (f" (resumed at {self.resumed_from})" if self.resumed_from else "")),
@@ -164,10 +163,6 @@ class TrainResult:
             rows.append(("STOPPED", self.stopped.splitlines()[0]))
         return Table([{"figure": k, "value": v} for k, v in rows],
                      title=f"mplab.train: {self.precision} on {self.device}")
-
-
-def _dtype_name(dtype: torch.dtype | None) -> str | None:
-    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def _json_safe(value):

@@ -169,8 +169,20 @@ def comparison(results: list[TrainResult]) -> Table:
             "samples/s": f"{r.samples_per_s:.1f}",
             "vs fp32": "–" if speed is None else f"{speed:.2f}×",
             "peak memory": f"{r.peak_memory_bytes / 2**20:.0f} MiB ({r.peak_memory_kind})",
-            "skipped (fp16)": len(r.skipped_steps) if r.precision == "fp16" else "–"})
+            "skipped (fp16)": len(r.skipped_steps) if r.precision == "fp16" else "–",
+            "really mixed?": _mixed(r)})
     return Table(rows)
+
+
+def _mixed(result: TrainResult) -> str:
+    """The audit's answer for a run: did low-precision matmuls run over fp32 master weights?"""
+    if result.audit is None:
+        return "–"
+    if result.audit.mixed:
+        return "yes"
+    return "no" + (f" ({len(result.audit.fallbacks)} silent fallback"
+                   f"{'s' if len(result.audit.fallbacks) != 1 else ''})"
+                   if result.audit.fallbacks else "")
 
 
 def _table_html(table: Table) -> str:

@@ -1,0 +1,142 @@
+"""python -m mplab.bench: will mixed precision help on this machine, and why?
+
+    python -m mplab.bench --quick                       # CPU: under a minute on 2 cores
+    python -m mplab.bench --device cuda --json bench.json --plot bench.png
+
+Measures fp32 against bf16 and fp16 (and tf32 on a GPU), side by side in one run: a matmul
+sweep (sizes that are and are not multiples of 8), then the lesson transformer's training step
+through `mplab.train` from the lesson model up to sizes where low precision pays (and on a GPU
+a >= 100M-parameter model). Prints a table, each row's explanation, the crossover and the
+targets; `--json` writes {"device", "rows": [...]}, `--plot` the speed-up and memory figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mplab._display import Table
+from mplab.hardware import describe, resolve_device
+
+from .sweep import Plan, best_gflops, matmul_sweep, model_sweep
+from .why import crossover, explain_row, targets
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mplab.bench",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="few sizes and steps (a CPU run takes under a minute)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    p.add_argument("--json", metavar="FILE", help="write the rows as JSON to FILE")
+    p.add_argument("--plot", metavar="FILE", help="write the speed-up and memory figure (PNG)")
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the tests' sizes
+    args = p.parse_args(argv)
+    if args.device.lower() not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):
+        p.error(f"--device {args.device!r}: accepted: auto, cpu, cuda")
+    for flag in ("json", "plot"):
+        file = getattr(args, flag)
+        if file is not None and not Path(file).expanduser().parent.is_dir():
+            p.error(f"--{flag} {file!r}: the folder {str(Path(file).parent)!r} does not exist")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Measure, explain, print; return what --json writes."""
+    started = time.perf_counter()
+    dev = resolve_device(args.device)
+    plan = Plan.for_device(dev.type, quick=args.quick, tiny=args.tiny)
+    print(f"mplab.bench on {describe(dev.type)}; torch {torch.__version__}")
+    print(f"{'quick' if args.quick else 'full'} run: precisions {', '.join(plan.precisions)}; "
+          f"{plan.steps} training steps per row (the first is warm-up)\n", flush=True)
+
+    def progress(row):
+        print(f"  {row.workload:<28} {row.precision:<5} {row.throughput:10.1f} {row.unit}",
+              flush=True)
+
+    matmuls = matmul_sweep(plan, progress)
+    reference = best_gflops(matmuls)
+    trained = model_sweep(plan, reference, progress)
+    rows = matmuls + trained
+    for row in rows:
+        row.explanation = explain_row(row, rows, dev.type)
+    print()
+    print(Table([_printed(r) for r in rows],
+                title=f"mixed precision on {describe(dev.type)}"))
+    print("\nWhy:")
+    for r in rows:
+        if r.explanation:
+            print(f"  {r.workload}, {r.precision}: {r.explanation}.")
+    for note in plan.skipped:
+        print(f"  {note}")
+    print("\nUtilisation (MFU): model FLOPs per step = 6 × (parameters in matmuls) × tokens + "
+          "12 × layers × hidden × sequence length × tokens (forward + backward), over the "
+          "step's time, against "
+          + ("the GPU's datasheet peak in that precision." if dev.type == "cuda" else
+             "the best matmul throughput measured on this machine in that precision (the "
+             "matmul sweep above): a CPU publishes no peak per precision. On a CPU both are "
+             "timed on one thread, so that a busy second core cannot stall them."))
+    print("\nWill it help? The crossover (smallest size where low precision beats fp32 by "
+          "10 % or more):")
+    found = [crossover(rows, p, dev.type) for p in plan.precisions
+             if p != "fp32" and any(r.kind == "model" and r.precision == p for r in trained)]
+    for c in found:
+        print(f"  {c['text']}")
+    print("\nTargets:")
+    for line in targets(rows, dev.type):
+        print(f"  {line}")
+    seconds = time.perf_counter() - started
+    print(f"\n{len(rows)} rows in {seconds:.0f} s")
+    result = {"device": describe(dev.type), "device_type": dev.type,
+              "torch": torch.__version__, "quick": args.quick, "seconds": seconds,
+              "rows": [r.as_dict() for r in rows], "crossover": found,
+              "targets": targets(rows, dev.type), "skipped": plan.skipped}
+    if args.json:
+        Path(args.json).write_text(json.dumps(_finite(result), indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        from .plot import bench_plot
+
+        bench_plot(rows).savefig(args.plot)
+        print(f"wrote {args.plot}")
+    return result
+
+
+def _printed(r) -> dict:
+    return {"workload": r.workload, "precision": r.precision,
+            "throughput": f"{r.throughput:.1f} {r.unit}",
+            "vs fp32": f"{r.speedup_vs_fp32:.2f}×",
+            "peak memory": f"{r.peak_memory_bytes / 2**20:.1f} MiB",
+            "MFU": "-" if r.mfu is None else f"{r.mfu:.0%}",
+            "loss vs fp32": "-" if r.loss_change is None else f"{r.loss_change:+.2%}"}
+
+
+def _finite(value):
+    """JSON has no inf/NaN: they become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        run(args)
+    except ValueError as err:  # a device this machine lacks, a size it cannot run
+        print(f"mplab.bench: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""The measurements behind `python -m mplab.bench`: a matmul sweep and a model-size sweep of
+the lesson transformer's training step, each precision against fp32, side by side in one run.
+
+    plan = Plan.for_device("cpu", quick=True)
+    rows = matmul_sweep(plan) + model_sweep(plan, reference=best_gflops(matmul rows))
+
+Every row is a `BenchRow`; `mplab.bench.why` puts them into words.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from mplab.hardware import has_units, resolve_device
+
+from .peaks import datasheet_gpu, datasheet_peak, matmul_parameters, mfu, training_flops
+from .speed import _model_shape, time_matmul
+
+
+@dataclass
+class BenchRow:
+    """One workload in one precision. `throughput` is in `unit` (GFLOP/s for a matmul,
+    samples/s for a training step); `mfu` is None where no peak is known."""
+
+    workload: str
+    kind: str                      # "matmul" or "model"
+    precision: str
+    throughput: float
+    unit: str
+    speedup_vs_fp32: float
+    peak_memory_bytes: int
+    memory_kind: str
+    mfu: float | None = None
+    mfu_reference: str | None = None
+    best_throughput: float | None = None  # matmul: the best run's (a CPU's reference peak)
+    n: int | None = None           # matmul: n×n @ n×n
+    hidden: int | None = None      # model: its shape and size
+    layers: int | None = None
+    parameters: int | None = None
+    step_seconds: float | None = None
+    flops_per_step: float | None = None
+    loss_change: float | None = None
+    matmuls_ran_in: str | None = None
+    explanation: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one bench run measures: sizes, precisions, steps. `for_device` gives the presets."""
+
+    device: str
+    precisions: tuple[str, ...]
+    matmul_sizes: tuple[int, ...]
+    model_sizes: tuple[tuple[int, int], ...]      # (hidden, layers), smallest first
+    steps: int
+    batch_size: int
+    big_model: tuple[int, int] | None = None      # GPU only: a model that fills the device
+    big_batch_size: int = 512
+    matmul_budget_s: float = 0.3
+    # On a CPU without units for a precision, its matmuls run 40-200x slower than fp32: past
+    # these sizes the run would take minutes, so they are skipped (and the output says so).
+    slow_matmul_limit: int = 1024
+    slow_model_sizes: int = 1
+    skipped: list[str] = field(default_factory=list, compare=False)
+
+    @classmethod
+    def for_device(cls, device: str = "auto", quick: bool = False, tiny: bool = False) -> Plan:
+        """The preset for the device asked for ("auto": a GPU if there is one)."""
+        return cls.preset(resolve_device(device).type, quick, tiny)
+
+    @classmethod
+    def preset(cls, device_type: str, quick: bool = False, tiny: bool = False) -> Plan:
+        """The sizes for a "cpu" or "cuda" run; `tiny` is the tests' (seconds on a CPU)."""
+        if device_type not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device type {device_type!r}; accepted: 'cpu', 'cuda'")
+        if device_type == "cuda":
+            precisions = ("fp32", "tf32", "bf16", "fp16")
+            if tiny:
+                return cls("cuda", precisions, (255, 256), ((64, 1), (128, 1)), 3, 8)
+            return cls("cuda", precisions,
+                       (1000, 1024, 4095, 4096) if quick else (1000, 1024, 4095, 4096, 8192),
+                       ((128, 2), (512, 4), (1024, 8)) if quick
+                       else ((128, 2), (256, 4), (512, 4), (768, 8), (1024, 8)),
+                       10 if quick else 20, 256, big_model=(1024, 12))
+        precisions = ("fp32", "bf16", "fp16")
+        if tiny:
+            return cls("cpu", precisions, (31, 32), ((64, 1), (128, 1)), 2, 4,
+                       matmul_budget_s=0.02, slow_matmul_limit=32)
+        if quick:
+            return cls("cpu", precisions, (255, 256, 1024), ((128, 2), (256, 4), (512, 4)), 4, 32,
+                       matmul_budget_s=0.2, slow_matmul_limit=256)
+        return cls("cpu", precisions, (255, 256, 1000, 1024),
+                   ((128, 2), (256, 4), (512, 4)), 8, 32, matmul_budget_s=0.5,
+                   slow_matmul_limit=1024)
+
+
+def _runs_fast(precision: str, device: str) -> bool:
+    return device == "cuda" or precision in ("fp32", "tf32") or has_units(precision)
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool):
+    """fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulate) or not."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    with warnings.catch_warnings():  # torch >= 2.9 prefers fp32_precision; both still work
+        warnings.simplefilter("ignore")
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def _storage(precision: str) -> str:
+    return "fp32" if precision == "tf32" else precision
+
+
+# ---- the matmul sweep -------------------------------------------------------------------------
+
+def matmul_sweep(plan: Plan, progress=None) -> list[BenchRow]:
+    """Each size × precision: GFLOP/s (median), speed-up over fp32 at that size, memory."""
+    rows = []
+    for n in plan.matmul_sizes:
+        base = None
+        for precision in plan.precisions:
+            if not _runs_fast(precision, plan.device) and n > plan.slow_matmul_limit:
+                plan.skipped.append(f"matmul {n}² in {precision}: skipped (no {precision} units "
+                                    "here; it would take minutes)")
+                continue
+            fast = _runs_fast(precision, plan.device)
+            if plan.device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            with tf32(precision == "tf32"):
+                t = time_matmul(n, _storage(precision), plan.device,
+                                budget_s=plan.matmul_budget_s if fast else 0.0,
+                                max_repeats=50 if fast else 2,
+                                threads=1 if plan.device == "cpu" else None)
+            if plan.device == "cuda":
+                memory, kind = torch.cuda.max_memory_allocated(), "cuda max_memory_allocated"
+            else:
+                memory, kind = 3 * t.bytes_per_matrix, "a, b and a @ b (their bytes)"
+            gflops = 2 * n ** 3 / t.seconds / 1e9
+            base = base or gflops
+            rows.append(BenchRow(f"matmul {n}×{n}", "matmul", precision, gflops, "GFLOP/s",
+                                 gflops / base, memory, kind, n=n,
+                                 flops_per_step=2.0 * n ** 3, step_seconds=t.seconds,
+                                 best_throughput=2 * n ** 3 / t.best / 1e9))
+            if progress:
+                progress(rows[-1])
+    return rows
+
+
+def best_gflops(rows: list[BenchRow]) -> dict[str, float]:
+    """The best matmul throughput measured per precision (GFLOP/s): a CPU's reference peak.
+
+    A CPU's matmuls (and training steps) are timed on one thread: on a shared 2-core machine
+    a two-thread 256² matmul (0.6 ms) waits 10-15 ms whenever the other core is busy, which no
+    median survives."""
+    best: dict[str, float] = {}
+    for r in rows:
+        if r.kind == "matmul":
+            best[r.precision] = max(best.get(r.precision, 0.0),
+                                    r.best_throughput or r.throughput)
+    return best
+
+
+# ---- the model-size sweep --------------------------------------------------------------------
+
+def model_sweep(plan: Plan, reference: dict[str, float] | None = None,
+                progress=None) -> list[BenchRow]:
+    """Each model size × precision through `mplab.train`: samples/s of the steady steps,
+    speed-up and peak memory against fp32 at that size, loss change (`versus()`), and MFU."""
+    sizes = list(plan.model_sizes)
+    batches = [plan.batch_size] * len(sizes)
+    if plan.big_model:
+        sizes.append(plan.big_model)
+        batches.append(plan.big_batch_size)
+    with _cpu_threads(plan.device):
+        return _sweep_sizes(plan, sizes, batches, reference, progress)
+
+
+@contextlib.contextmanager
+def _cpu_threads(device: str):
+    """A CPU's training steps run on one thread, like its matmuls: on this shared 2-core
+    machine two-thread steps of the lesson model took 1.3-2 s when the other core was busy,
+    against 0.05 s when not; one thread never waits for the other, and the ratios are the
+    hardware's."""
+    before = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _sweep_sizes(plan, sizes, batches, reference, progress) -> list[BenchRow]:
+    _warm_up(plan)
+    rows = []
+    for i, ((hidden, layers), batch) in enumerate(zip(sizes, batches)):
+        base = None
+        for precision in plan.precisions:
+            if not _runs_fast(precision, plan.device) and i >= plan.slow_model_sizes:
+                plan.skipped.append(f"hidden {hidden}/{layers} layers in {precision}: skipped "
+                                    f"(no {precision} units here; measured at the smallest size)")
+                continue
+            row, run = train_row(plan, hidden, layers, precision, batch, reference or {})
+            if base is None:
+                base = (row, run)
+            row.speedup_vs_fp32 = row.throughput / base[0].throughput
+            if run is not base[1]:
+                row.loss_change = run.versus(base[1])["loss_change"]
+            else:
+                row.loss_change = 0.0
+            rows.append(row)
+            if progress:
+                progress(row)
+    return rows
+
+
+def _warm_up(plan: Plan) -> None:
+    """One short run per fast precision first: the first training steps of a process pay for
+    kernel setup (the first fp32 steps on this 2-core CPU took 1.3 s instead of 0.05 s)."""
+    from mplab.models import lesson_model
+
+    hidden, layers = plan.model_sizes[0]
+    for precision in plan.precisions:
+        if _runs_fast(precision, plan.device):
+            _train(plan, lesson_model(**_model_shape({"hidden_size": hidden,
+                                                      "num_hidden_layers": layers})),
+                   precision, 2, plan.batch_size)
+
+
+def _train(plan: Plan, model, precision: str, steps: int, batch_size: int, on_step=None):
+    from mplab.train import TrainWarning, train
+
+    big = plan.big_model is not None and model.config.hidden_size >= plan.big_model[0]
+    with warnings.catch_warnings(), tf32(precision == "tf32"):
+        warnings.simplefilter("ignore", TrainWarning)  # slow-hardware notes: the bench says it
+        return train(model=model, precision=_storage(precision), device=plan.device,
+                     steps=steps, batch_size=batch_size, eval_samples=0, warmup_steps=0,
+                     lr=1e-4 if big else 1e-3, progress=False, on_step=on_step)
+
+
+def train_row(plan: Plan, hidden: int, layers: int, precision: str, batch_size: int,
+              reference: dict[str, float]):
+    """(BenchRow, TrainResult) of one size in one precision."""
+    from mplab.models import lesson_model
+
+    size = {"hidden_size": hidden, "num_hidden_layers": layers}
+    if plan.big_model and (hidden, layers) == plan.big_model:
+        size |= {"intermediate_size": 4 * hidden, "max_position_embeddings": 128}
+    model = lesson_model(**_model_shape(size))
+    probe = CpuMemoryProbe(model) if plan.device == "cpu" else None
+    run = _train(plan, model, precision, plan.steps, batch_size,
+                 on_step=probe.on_step if probe else None)
+    seconds = run.steady_step_seconds
+    tokens = round(run.tokens_per_s / run.samples_per_s * batch_size) if run.samples_per_s else 0
+    flops = training_flops(matmul_parameters(model), tokens, layers, hidden,
+                           tokens / batch_size)
+    if plan.device == "cuda":
+        name = torch.cuda.get_device_name()
+        gpu = datasheet_gpu(name)
+        peak = datasheet_peak(name, precision) if gpu else None
+        ref = (f"{gpu} datasheet {precision} peak" if gpu
+               else f"{name} is not in the datasheet table: no MFU")
+        memory, kind = run.peak_memory_bytes, run.peak_memory_kind
+    else:
+        peak = reference.get(precision, 0.0) * 1e9 or None
+        ref = (f"best {precision} matmul measured here, one thread "
+               f"({reference[precision]:.0f} GFLOP/s)"
+               if peak else f"no {precision} matmul measured here: no MFU")
+        memory, kind = probe.peak_bytes, probe.kind
+    row = BenchRow(f"train hidden {hidden}, {layers} layer{'s' * (layers > 1)}", "model", precision,
+                   batch_size / seconds, "samples/s", 1.0, memory, kind,
+                   mfu=mfu(flops, seconds, peak), mfu_reference=ref, hidden=hidden,
+                   layers=layers, parameters=run.parameters, step_seconds=seconds,
+                   flops_per_step=flops,
+                   matmuls_ran_in=str(run.compute_dtype).removeprefix("torch."))
+    return row, run
+
+
+class CpuMemoryProbe:
+    """The peak bytes of tensors alive during a CPU run's first step: the model's parameters
+    and buffers, plus the most that the step's own allocations (tensors, activations, the
+    optimizer states, autocast's weight copies) held at once, as torch's profiler counts them.
+
+    A CPU has no `max_memory_allocated`, and the process's peak RSS (what `TrainResult` reports
+    on a CPU) only grows over a process, so it cannot compare two runs made one after the
+    other. Only the first (warm-up) step is profiled: the steady steps are timed unprofiled."""
+
+    kind = "tensors alive at the peak of the first step (torch.profiler)"
+
+    def __init__(self, model):
+        from torch.profiler import ProfilerActivity, profile
+
+        self.resident = sum(t.numel() * t.element_size()
+                            for t in (*model.parameters(), *model.buffers()))
+        self.peak_bytes = self.resident
+        self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        with _quiet_stderr():
+            self._profile.start()
+
+    def on_step(self, step: int, result) -> None:
+        if step == 1:
+            with _quiet_stderr():
+                self._profile.stop()
+            self.peak_bytes = self.resident + peak_live_bytes(self._profile.events())
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Kineto (torch >= 2.12) writes "USDT: profiler_start / profiler_stop" straight to file
+    descriptor 2 at every start and stop, whatever KINETO_LOG_LEVEL says: silence just those."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def peak_live_bytes(events) -> int:
+    """The highest running total of allocations (+) and frees (-) in time order."""
+    changes = sorted(((e.time_range.start, e.cpu_memory_usage) for e in events
+                      if getattr(e, "cpu_memory_usage", 0)), key=lambda pair: pair[0])
+    live = peak = 0
+    for _, change in changes:
+        live += change
+        peak = max(peak, live)
+    return peak

@@ -1,0 +1,532 @@
+"""Lesson 5, from PyTorch to Accelerator: the exercises.
+
+    from mplab.exercises import lesson5 as ex
+    ex.check("5.1", train_loop); ex.hint("5.1"); ex.solution("5.1")
+
+The references are the real Accelerate: a learner's loop runs with a real `Accelerator` on the
+lesson model and is compared, weights bit for bit, with the course's Accelerate loop (and what
+it handed Accelerate is watched, so a `loss.backward()` that happens to train the same is still
+caught); why fp16 was no faster is answered by `mplab.audit` of a real fp16 Accelerator on the
+CPU; the audit to read is built and audited here, the way the notebook shows it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import textwrap
+
+import torch
+
+from mplab.audit import Audit, audit
+from mplab.exercises import (
+    Exercise,
+    Incorrect,
+    Lesson,
+    blank_dict,
+    call,
+    cell,
+    choice_list,
+    is_blank,
+    need_function,
+    python_block,
+)
+from mplab.hardware import has_units
+from mplab.lessons import lesson_batch
+from mplab.models import lesson_model
+from mplab.train.accelerate_path import fresh_accelerate
+
+# --- 5.1 convert a loop to Accelerate ---------------------------------------------------------
+
+TORCH_LOOP = '''def train_loop(model, optimizer, dataloader):
+    scaler = torch.amp.GradScaler("cuda")
+    for batch in dataloader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(**batch).loss
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()'''
+
+REFERENCE_LOOP = '''def train_loop(accelerator, model, optimizer, dataloader):
+    model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+    for batch in dataloader:
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()'''
+
+
+def _reference_loop(accelerator, model, optimizer, dataloader, *, zero_grad=True):
+    model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+    for batch in dataloader:
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        if zero_grad:
+            optimizer.zero_grad()
+
+
+@functools.cache
+def _reviews(n: int) -> tuple[dict, ...]:
+    """The first n lesson reviews, one dict per review (what a DataLoader collates)."""
+    batch = lesson_batch(n)
+    return tuple({k: v[i] for k, v in batch.items()} for i in range(n))
+
+
+@functools.cache
+def _initial_weights(seed: int) -> tuple[torch.Tensor, ...]:
+    return tuple(p.detach().clone() for p in lesson_model(seed=seed).parameters())
+
+
+class LoopRun:
+    """One run of a training loop `fn(accelerator, model, optimizer, dataloader)` with a real
+    Accelerator on the CPU, the lesson model (AdamW) and `batches` batches of `batch_size`
+    lesson reviews; what the loop handed Accelerate is recorded on the way."""
+
+    def __init__(self, fn, mixed_precision: str = "bf16", batches: int = 3,
+                 batch_size: int = 8, seed: int = 0):
+        from accelerate import Accelerator
+        from torch.utils.data import DataLoader
+
+        self.prepared: list[str] = []  # "model", "optimizer", "dataloader", in call order
+        self.backward_calls = 0
+        with fresh_accelerate():
+            accelerator = Accelerator(mixed_precision=mixed_precision, cpu=True)
+            model = lesson_model(seed=seed)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            dataloader = DataLoader(list(_reviews(batches * batch_size)), batch_size=batch_size)
+            names = {id(model): "model", id(optimizer): "optimizer", id(dataloader): "dataloader"}
+            prepare, backward = accelerator.prepare, accelerator.backward
+
+            def watched_prepare(*args, **kwargs):
+                self.prepared += [names.get(id(a), type(a).__name__) for a in args]
+                return prepare(*args, **kwargs)
+
+            def watched_backward(loss, **kwargs):
+                self.backward_calls += 1
+                return backward(loss, **kwargs)
+
+            accelerator.prepare, accelerator.backward = watched_prepare, watched_backward
+            self.returned = fn(accelerator, model, optimizer, dataloader)
+        self.weights = [p.detach().clone() for p in model.parameters()]
+        self.initial = _initial_weights(seed)
+
+    def same_weights(self, other: LoopRun) -> bool:
+        return all(torch.equal(a, b) for a, b in zip(self.weights, other.weights))
+
+    @property
+    def trained(self) -> bool:
+        return not all(torch.equal(a, b) for a, b in zip(self.weights, self.initial))
+
+
+@functools.cache
+def _reference_run(mixed_precision: str = "bf16", batches: int = 3, batch_size: int = 8,
+                   seed: int = 0, zero_grad: bool = True) -> LoopRun:
+    return LoopRun(functools.partial(_reference_loop, zero_grad=zero_grad), mixed_precision,
+                   batches, batch_size, seed)
+
+
+def _run(fn, **settings) -> LoopRun:
+    """Run the learner's loop; an exception in it ends the check as an "error"."""
+    return call(functools.partial(LoopRun, **settings), fn,
+                what="train_loop(accelerator, model, optimizer, dataloader)")
+
+
+def _loop_feedback(fn, **settings) -> str | None:
+    """Why `fn` does not train as the course's Accelerate loop does (run with these LoopRun
+    settings), naming the concept missed; None when it does."""
+    run, reference = _run(fn, **settings), _reference_run(**settings)
+    missing = [name for name in ("model", "optimizer", "dataloader") if name not in run.prepared]
+    if not run.prepared:
+        return ("Nothing was handed to the accelerator train_loop is given: until the model, "
+                "optimizer and dataloader go through it, it cannot autocast the forward pass, "
+                "scale the loss, step through its GradScaler or shard the batches.")
+    if "model" in missing:
+        return ("The model was not prepared, so its forward pass ran in fp32: Accelerate puts "
+                "the autocast for mixed_precision inside the prepared model's forward.")
+    if "optimizer" in missing:
+        return ("The optimizer was not prepared: the prepared optimizer's step() is where "
+                "Accelerate's GradScaler unscales the gradients, skips a step with inf/NaN and "
+                "updates the scale (fp16), and where accumulation waits for the last "
+                "micro-batch.")
+    if "dataloader" in missing:
+        return ("The dataloader was not prepared: under accelerate launch the prepared one gives "
+                "each process its own share of every epoch, and puts the batches on the device.")
+    if run.backward_calls == 0 and run.trained:
+        return ("The gradients came from loss.backward(), behind Accelerate's back. Here (bf16, "
+                "one process) the weights happen to agree, but the accelerator's backward is "
+                "where the loss is scaled for fp16 and divided for gradient accumulation: with "
+                "fp16 on a GPU this loop would train on unscaled, underflowing gradients.")
+    if run.same_weights(reference):
+        return None
+    if not run.trained:
+        return ("The weights never changed: the loop computes the loss but the optimizer never "
+                "steps (or it never loops over the batches).")
+    if run.same_weights(_reference_run(**settings, zero_grad=False)):
+        return ("The gradients are never cleared, so each step adds to the last one's: "
+                "clear them after every optimizer step.")
+    if run.backward_calls > reference.backward_calls:
+        return (f"backward ran {run.backward_calls} times for {reference.backward_calls} "
+                "batches: each batch's loss needs exactly one backward pass, through the "
+                "accelerator.")
+    return ("After 3 steps the weights differ from the course's Accelerate loop. Prepare "
+            "everything once before the loop; then, per batch: the loss from the prepared "
+            "model, the accelerator's backward, the optimizer's step, zero_grad.")
+
+
+def _check_5_1(fn) -> str | None:
+    need_function(fn, "5.1", "train_loop")
+    return _loop_feedback(fn)
+
+
+def _hidden_5_1(fn) -> str | None:
+    """The same loop in fp32 ("no"), on other weights and 4 batches of 4."""
+    settings = {"mixed_precision": "no", "batches": 4, "batch_size": 4, "seed": 1}
+    why = _loop_feedback(fn, **settings)
+    if why is not None:
+        return ("With mixed_precision=\"no\", other weights and 4 batches of 4: " + why)
+    return None
+
+
+def _blank_5_1(fn) -> bool:
+    if is_blank(fn) or not callable(fn):
+        return is_blank(fn)
+    run = _run(fn)
+    return run.returned is ... and not run.prepared
+
+
+# --- 5.2 why was fp16 no faster? ---------------------------------------------------------------
+
+CHOICES_5_2 = {
+    "a": "This CPU has no fp16 arithmetic units, so the fp16 matmuls ran slowly.",
+    "b": "Accelerate ignores fp16 on a CPU without a word: it built no autocast and no "
+         "GradScaler, so the run computed in fp32 throughout.",
+    "c": "The GradScaler skipped most of the steps while it calibrated its scale.",
+    "d": "The model is too small: casting to and from fp16 costs as much as the faster matmuls "
+         "save.",
+}
+
+
+@functools.cache
+def fp16_on_cpu_audit() -> Audit:
+    """The audit of `Accelerator(mixed_precision="fp16")` on this CPU: the lesson model and
+    AdamW prepared, one step on 8 lesson reviews watched."""
+    from accelerate import Accelerator
+
+    with fresh_accelerate():
+        accelerator = Accelerator(mixed_precision="fp16", cpu=True)
+        model = lesson_model()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        return audit(model, optimizer, accelerator=accelerator, batch=lesson_batch(8))
+
+
+def right_5_2() -> str:
+    """The reason, read off the audit: fp16 ignored (fp32 matmuls, "b"); else, matmuls really in
+    fp16, slow without units ("a") or a model too small to gain ("d")."""
+    found = fp16_on_cpu_audit()
+    if found.compute_dtype != torch.float16:
+        return "b"
+    return "a" if not has_units("fp16") else "d"
+
+
+def _check_5_2(answer) -> str | None:
+    letter = _choice(answer, CHOICES_5_2)
+    right = right_5_2()
+    if letter == right:
+        return None
+    found = fp16_on_cpu_audit()
+    ran = str(found.compute_dtype).removeprefix("torch.")
+    return {
+        "a": f"That is why fp16 is slow in lesson 4's torch run, where the matmuls really ran "
+             f"in fp16. Here the audit observed the matmuls in {ran}: did any fp16 arithmetic "
+             "happen at all?",
+        "b": "Accelerate did autocast here: the audit observed fp16 matmuls. What did they cost "
+             "on this CPU?",
+        "c": "Look at the audit's GradScaler row (and result.scales, result.skipped_steps): was "
+             "there a scaler to skip anything?",
+        "d": f"The same model on the same CPU did compute in bf16 (that run's audit says mixed "
+             f"precision); size decides how much low precision gains, not whether it happens. "
+             f"The fp16 run's audit observed its matmuls in {ran}: why?",
+    }[letter]
+
+
+def _choice(answer, choices) -> str:
+    if not isinstance(answer, str) or answer.strip().lower() not in choices:
+        raise Incorrect("Answer with one letter: " + ", ".join(f'"{k}"' for k in choices)
+                        + f"; got {answer!r:.40}.")
+    return answer.strip().lower()
+
+
+# --- 5.3 read an audit ------------------------------------------------------------------------
+
+def colleague_step():
+    """A colleague's Accelerate step "in mixed precision, at half the memory": one step on 8
+    lesson reviews; returns (accelerator, model, optimizer, batch) for an audit."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+    model = lesson_model().to(torch.bfloat16)  # "bf16 weights: half the memory"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    batch = lesson_batch(8)
+    loss = model(**batch).loss
+    accelerator.backward(loss)
+    optimizer.step()
+    return accelerator, model, optimizer, batch
+
+
+#: The colleague's code as the task shows it: colleague_step's body, without its import and
+#: its return.
+COLLEAGUE_CODE = textwrap.dedent("\n".join(
+    line for line in inspect.getsource(colleague_step).splitlines()[3:]
+    if line.strip() and not line.strip().startswith(("from ", "return "))))
+
+
+@functools.cache
+def colleague_audit() -> Audit:
+    """The colleague's step audited (`audit(model, optimizer, accelerator=accelerator,
+    batch=batch)`), once: the notebook shows it and 5.3 is checked against it."""
+    with fresh_accelerate():
+        accelerator, model, optimizer, batch = colleague_step()
+        return audit(model, optimizer, accelerator=accelerator, batch=batch)
+
+
+FALLBACKS_5_3 = {  # letter: (the fallback in words, how the audit words it)
+    "a": ("fp16 was asked for, and Accelerate ignored it on a CPU",
+          "ignores fp16 on a CPU"),
+    "b": ("autocast is off: torch does not support the dtype on this device", "autocast is off"),
+    "c": ("the weights are in low precision: there are no fp32 master weights",
+          "the weights are "),
+    "d": ("the optimizer's states are in low precision", "the optimizer's states are "),
+    "e": ("a GradScaler is used with bf16", "a GradScaler is used with bf16"),
+}
+
+
+def named_fallbacks(report: Audit) -> set[str]:
+    """The letters of FALLBACKS_5_3 that an audit names."""
+    return {letter for letter, (_, words) in FALLBACKS_5_3.items()
+            if any(words in f for f in report.fallbacks)}
+
+
+def _letters(value) -> set[str]:
+    if isinstance(value, str):
+        items = value.replace(",", " ").split()
+    elif isinstance(value, list | tuple | set | frozenset):
+        items = list(value)
+    else:
+        raise Incorrect(f"\"fallbacks\" is a list of letters, like [\"a\", \"e\"] (or [] for "
+                        f"none); got {value!r:.40}.")
+    if not all(isinstance(i, str) for i in items):
+        raise Incorrect(f"\"fallbacks\" holds letters as text, like \"a\"; got {value!r:.40}.")
+    letters = {i.strip().lower() for i in items}
+    unknown = sorted(letters - set(FALLBACKS_5_3))
+    if unknown:
+        raise Incorrect(f"Not letters of the list: {unknown!r}. Use "
+                        + ", ".join(f'"{k}"' for k in FALLBACKS_5_3) + ".")
+    return letters
+
+
+def _check_5_3(answer) -> str | None:
+    if not isinstance(answer, dict) or set(answer) != {"mixed", "fallbacks"}:
+        raise Incorrect("Give a dict with two keys, like the starter's: {\"mixed\": True or "
+                        "False, \"fallbacks\": a list of letters}.")
+    mixed = answer["mixed"]
+    if not isinstance(mixed, bool):
+        raise Incorrect(f"\"mixed\" is True or False; got {mixed!r:.40}.")
+    report = colleague_audit()
+    if mixed != report.mixed:
+        return ("Mixed precision means low-precision matmuls over fp32 master weights. Read "
+                "two rows of the audit: what the matmuls ran in, and what the weights are.")
+    given, named = _letters(answer["fallbacks"]), named_fallbacks(report)
+    wrong = sorted(given - named)
+    if wrong:
+        why = {"a": "fp16 was never asked for here: read the audit's \"asked for\" row.",
+               "b": "Read the autocast row: Accelerate's bf16 autocast is on (the CPU supports "
+                    "it).",
+               "c": "Read the weights row: what dtype is the master copy?",
+               "d": "Read the optimizer states row.",
+               "e": "Read the GradScaler row: Accelerate builds one for fp16 only."}
+        return f"({wrong[0]}) is not among the silent fallbacks the audit names. {why[wrong[0]]}"
+    if given != named:
+        return (f"The audit names {len(named)} silent fallbacks; you listed {len(given)}. Each "
+                "one is a line starting with SILENT FALLBACK under the table.")
+    return None
+
+
+# --- 5.4 where did the GradScaler go? ---------------------------------------------------------
+
+TORCH_CALLS_5_4 = {  # the torch path's mixed precision calls
+    "autocast": "with torch.autocast(device, dtype=torch.float16):",
+    "scale": "scaler.scale(loss).backward()",
+    "unscale_": "scaler.unscale_(optimizer)",
+    "step": "scaler.step(optimizer)",
+    "update": "scaler.update()",
+}
+ACCELERATE_CALLS_5_4 = {  # where an fp16 Accelerator on a GPU makes them
+    "prepare": "model, optimizer = accelerator.prepare(model, optimizer)",
+    "backward": "accelerator.backward(loss)",
+    "clip_grad_norm_": "accelerator.clip_grad_norm_(model.parameters(), max_norm)",
+    "optimizer.step": "optimizer.step()",
+    "zero_grad": "optimizer.zero_grad()",
+}
+#: Read from accelerate's source (amp_behaviour.md §5) and checked against the real library in
+#: tests/test_exercises_lesson5.py, by a spying GradScaler.
+WHERE_5_4 = {"autocast": "prepare", "scale": "backward", "unscale_": "clip_grad_norm_",
+             "step": "optimizer.step", "update": "optimizer.step"}
+WHY_5_4 = {
+    "autocast": "Autocast wraps the forward pass, and in Accelerate the forward pass is the "
+                "prepared model's: which call changed the model?",
+    "scale": "The loss is scaled on its way into the backward pass: which Accelerate call takes "
+             "the loss?",
+    "unscale_": "Gradients are unscaled where something needs their true size before the step: "
+                "clipping.",
+    "step": "A prepared optimizer is an AcceleratedOptimizer holding the accelerator's scaler: "
+            "what does its own step() call?",
+    "update": "torch's loop calls update() right after step(); Accelerate does both in one "
+              "call.",
+}
+
+
+def _check_5_4(answer) -> str | None:
+    if not isinstance(answer, dict) or set(answer) != set(TORCH_CALLS_5_4):
+        raise Incorrect("Give a dict with the five keys of the starter ("
+                        + ", ".join(f'"{k}"' for k in TORCH_CALLS_5_4)
+                        + "), each set to the name of an Accelerate call.")
+    for key, value in answer.items():
+        if not isinstance(value, str) or value.strip() not in ACCELERATE_CALLS_5_4:
+            raise Incorrect(f"{key!r}: {value!r:.40} is not one of the Accelerate calls; use "
+                            + ", ".join(f'"{k}"' for k in ACCELERATE_CALLS_5_4) + ".")
+    wrong = [k for k in TORCH_CALLS_5_4 if answer[k].strip() != WHERE_5_4[k]]
+    if not wrong:
+        return None
+    first = wrong[0]
+    more = f" ({len(wrong) - 1} more to look at.)" if len(wrong) > 1 else ""
+    return f"{first!r}: {WHY_5_4[first]}{more}"
+
+
+# --- the exercises ----------------------------------------------------------------------------
+
+def _listed(calls: dict[str, str]) -> str:
+    return "\n".join(f"- `{k}`: `{v}`" for k, v in calls.items())
+
+
+EXERCISES = {e.id: e for e in [
+    Exercise(
+        id="5.1", title="Convert a loop to Accelerate",
+        prompt="Here is lesson 4's fp16 loop, written for a GPU:\n\n"
+               f"{python_block(TORCH_LOOP)}\n\n"
+               "Write its Accelerate version, `train_loop(accelerator, model, optimizer, "
+               "dataloader)`. The `accelerator` is made for you (`Accelerator(mixed_precision="
+               "...)`), so the precision is not your loop's business: hand Accelerate what it "
+               "needs, then loop. Your loop runs on the CPU with a real `Accelerator("
+               "mixed_precision=\"bf16\")` (bf16, as Accelerate ignores fp16 on a CPU: "
+               "section 3), on the lesson model and 3 batches of 8 reviews, and is compared "
+               "with the course's Accelerate loop, weights bit for bit; what your loop hands "
+               "the accelerator is watched too.",
+        starter=cell("5.1: the Accelerate version of train_loop",
+                     "def train_loop(accelerator, model, optimizer, dataloader):\n"
+                     "    return ...  # prepare, then loop", "5.1", arg="train_loop"),
+        solution_code=cell("5.1: the Accelerate version of train_loop", REFERENCE_LOOP, "5.1",
+                           arg="train_loop"),
+        check=_check_5_1, hidden=_hidden_5_1, blank=_blank_5_1,
+        hints=(
+            "Everything mixed precision did in the torch loop moves into Accelerate: the "
+            "autocast, the scaler and its calls go; what is left is a plain fp32-looking loop "
+            "over objects Accelerate has prepared.",
+            "accelerator.prepare(model, optimizer, dataloader) returns the three prepared "
+            "objects; in the loop, the scaler's backward becomes accelerator.backward(loss), and "
+            "the prepared optimizer's step() does what scaler.step and scaler.update did.",
+            "model, optimizer, dataloader = accelerator.prepare(...); then for each batch: "
+            "loss = model(**batch).loss, accelerator.backward(loss), optimizer.step(), "
+            "optimizer.zero_grad().",
+        )),
+    Exercise(
+        id="5.2", title="Why was fp16 no faster?",
+        prompt="On a GPU, `Accelerator(mixed_precision=\"fp16\")` makes training faster. On "
+               "a CPU, `train(path=\"accelerate\", precision=\"fp16\")` gave no speed-up over "
+               "the fp32 run (the table above). Why? Pick the "
+               f"reason:\n\n{choice_list(CHOICES_5_2)}\n\nAnswer with its letter. The answer "
+               "is checked against `mplab.audit`'s audit of a real "
+               "`Accelerator(mixed_precision=\"fp16\")` on this CPU.",
+        starter=cell("5.2: \"a\", \"b\", \"c\" or \"d\"", "answer = ...", "5.2"),
+        solution_code=cell("5.2: \"a\", \"b\", \"c\" or \"d\"",
+                           "answer = \"b\"  # the audit: fp32 matmuls, no autocast, no scaler",
+                           "5.2"),
+        check=_check_5_2,
+        hints=(
+            "Before asking why low precision was slow, ask whether it happened: an audit looks "
+            "at what really ran, not at what was asked for.",
+            "Read the fp16 run's audit (runs[\"fp16\"].audit): its autocast, \"matmuls ran in\" "
+            "and GradScaler rows, and the SILENT FALLBACK line. Compare its losses with the "
+            "fp32 run's.",
+            "The fp16 run's matmuls ran in float32 and its losses equal the fp32 run's: which "
+            "choice says the run never left fp32?",
+        )),
+    Exercise(
+        id="5.3", title="Read an audit",
+        prompt="A colleague wrote this Accelerate step \"in mixed precision, at half the "
+               f"memory\":\n\n{python_block(COLLEAGUE_CODE)}\n\nThe cell above prints its audit, "
+               "`audit(model, optimizer, accelerator=accelerator, batch=batch)` "
+               "(`ex.colleague_audit()`). Read it and answer: is this run mixed precision, and "
+               f"which of these silent fallbacks does the audit name?\n\n"
+               f"{choice_list({k: v[0] for k, v in FALLBACKS_5_3.items()})}\n\n"
+               "Answer with a dict: `{\"mixed\": True or False, \"fallbacks\": a list of the "
+               "letters}`.",
+        starter=cell("5.3: mixed or not, and the fallbacks the audit names",
+                     "answer = {\"mixed\": ..., \"fallbacks\": ...}", "5.3"),
+        solution_code=cell("5.3: mixed or not, and the fallbacks the audit names",
+                           "answer = {\"mixed\": False,  # bf16 matmuls over bf16 weights\n"
+                           "          \"fallbacks\": [\"c\", \"d\"]}", "5.3"),
+        check=_check_5_3, blank=blank_dict,
+        hints=(
+            "Mixed precision is a pair: low-precision arithmetic and fp32 master weights. An "
+            "audit says which of the two happened, and names each silent fallback in a line "
+            "of its own.",
+            "Read the rows \"matmuls ran in (observed)\", \"weights (master copy)\", "
+            "\"optimizer states\" and \"GradScaler\", then the SILENT FALLBACK lines under the "
+            "table.",
+            "The cast .to(torch.bfloat16) made the weights bf16, and AdamW's states follow the "
+            "weights; Accelerate built no scaler for bf16.",
+        )),
+    Exercise(
+        id="5.4", title="Where did the GradScaler go?",
+        prompt="On a GPU, `Accelerator(mixed_precision=\"fp16\")` builds a "
+               "`torch.amp.GradScaler` and an fp16 autocast, and makes every call of lesson 4's "
+               f"loop for you. The torch loop's calls:\n\n{_listed(TORCH_CALLS_5_4)}\n\n"
+               "and the Accelerate calls of the course's loop (`model` and `optimizer` are the "
+               "prepared ones):\n\n"
+               f"{_listed(ACCELERATE_CALLS_5_4)}\n\n"
+               "For each torch call, name the Accelerate call inside which it now happens. "
+               "Answer with a dict from the torch names to the Accelerate names.",
+        starter=cell("5.4: the Accelerate call that makes each of the torch loop's calls",
+                     "answer = {\"autocast\": ..., \"scale\": ..., \"unscale_\": ..., "
+                     "\"step\": ..., \"update\": ...}", "5.4"),
+        solution_code=cell("5.4: the Accelerate call that makes each of the torch loop's calls",
+                           "answer = {\"autocast\": \"prepare\",  # the prepared forward\n"
+                           "          \"scale\": \"backward\",\n"
+                           "          \"unscale_\": \"clip_grad_norm_\",\n"
+                           "          \"step\": \"optimizer.step\",\n"
+                           "          \"update\": \"optimizer.step\"}  # right after step",
+                           "5.4"),
+        check=_check_5_4, blank=blank_dict,
+        hints=(
+            "Accelerate keeps the work where the torch loop did it; it only moves each call "
+            "into the object that is there at that moment: the model, the loss's backward, "
+            "the clipping, the optimizer.",
+            "prepare() wraps the model's forward; accelerator.backward(loss) takes the loss; "
+            "clip_grad_norm_ needs the true gradients; the prepared optimizer holds the "
+            "accelerator's scaler.",
+            "autocast in prepare's forward, scale in backward, unscale_ in clip_grad_norm_, and "
+            "both step and update inside the prepared optimizer's step().",
+        )),
+]}
+
+LESSON = Lesson(5, list(EXERCISES.values()))
+check = LESSON.check
+hint = LESSON.hint
+solution = LESSON.solution
+exercise_cells = LESSON.exercise_cells
+cells = LESSON.cells
+task_markdown = LESSON.task_markdown

@@ -1,0 +1,295 @@
+"""Lesson 5's exercises: learners' loops run with a real Accelerator and compared with the
+course's loop, the fp16 question answered by mplab.audit of a real fp16 Accelerator, the audit
+to read built for real, the GradScaler's whereabouts read off Accelerate by a spying scaler;
+and the feedback the likely mistakes get."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # these tests never reach for the hub
+
+import warnings  # noqa: E402
+
+import torch  # noqa: E402
+from conftest import failed_saying, run_cell  # noqa: E402
+
+from mplab.audit import Observer, audit  # noqa: E402
+from mplab.exercises import lesson5 as ex  # noqa: E402
+from mplab.lessons import lesson_batch  # noqa: E402
+from mplab.models import lesson_model  # noqa: E402
+from mplab.train.accelerate_path import fresh_accelerate  # noqa: E402
+
+IDS = list(ex.EXERCISES)
+
+
+def test_there_are_four_exercises_worth_four_points():
+    assert IDS == ["5.1", "5.2", "5.3", "5.4"]
+    assert sum(e.points for e in ex.EXERCISES.values()) == 4
+
+
+def test_the_tasks_show_the_code_to_convert_and_to_read_and_list_every_choice():
+    assert f"```python\n{ex.TORCH_LOOP}\n```" in ex.EXERCISES["5.1"].prompt
+    assert f"```python\n{ex.COLLEAGUE_CODE}\n```" in ex.EXERCISES["5.3"].prompt
+    lines = ex.EXERCISES["5.2"].prompt.splitlines()
+    assert all(f"- ({k}) {v}" in lines for k, v in ex.CHOICES_5_2.items())
+    lines = ex.EXERCISES["5.3"].prompt.splitlines()
+    assert all(f"- ({k}) {text}" in lines for k, (text, _) in ex.FALLBACKS_5_3.items())
+    lines = ex.EXERCISES["5.4"].prompt.splitlines()
+    for calls in (ex.TORCH_CALLS_5_4, ex.ACCELERATE_CALLS_5_4):
+        assert all(f"- `{name}`: `{code}`" in lines for name, code in calls.items())
+
+
+def test_the_colleagues_code_in_the_task_is_the_code_that_runs():
+    import inspect
+
+    body = inspect.getsource(ex.colleague_step)
+    assert all(line in body for line in ex.COLLEAGUE_CODE.splitlines())
+    assert ex.COLLEAGUE_CODE.splitlines()[0].startswith("accelerator = Accelerator(")
+    assert "optimizer.step()" in ex.COLLEAGUE_CODE and "return" not in ex.COLLEAGUE_CODE
+
+
+# --- 5.1 --------------------------------------------------------------------------------------
+
+def loop(*, prepare="model, optimizer, dataloader", backward="accelerator.backward(loss)",
+         step=True, zero_grad=True, extra=""):
+    """A learner's train_loop, with one of the likely mistakes."""
+    lines = ["def train_loop(accelerator, model, optimizer, dataloader):"]
+    if prepare:
+        lines.append(f"    {prepare} = accelerator.prepare({prepare})")
+    lines += ["    for batch in dataloader:", "        loss = model(**batch).loss",
+              f"        {backward}"]
+    lines += ["        optimizer.step()"] * step + ["        optimizer.zero_grad()"] * zero_grad
+    lines += [f"        {extra}"] * bool(extra)
+    _, names = run_cell("\n".join(lines) + "\n0", ex=ex)
+    return names["train_loop"]
+
+
+def test_5_1_the_course_loop_passes_and_so_do_loops_that_train_the_same_way():
+    assert ex.check("5.1", loop()).passed
+
+    def one_at_a_time(accelerator, model, optimizer, dataloader):
+        model = accelerator.prepare(model)
+        optimizer = accelerator.prepare(optimizer)
+        dataloader = accelerator.prepare(dataloader)
+        for batch in dataloader:
+            accelerator.backward(model(**batch).loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    assert ex.check("5.1", one_at_a_time).passed
+
+    def autocast_left_in(accelerator, model, optimizer, dataloader):
+        model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+        for batch in dataloader:
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # the prepared forward does it
+                loss = model(**batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    assert ex.check("5.1", autocast_left_in).passed
+
+
+def test_5_1_feedback_names_what_the_loop_did_not_hand_accelerate():
+    failed_saying(ex.check("5.1", loop(prepare="")), "nothing was handed",
+                  hiding=["accelerator.prepare("])
+    failed_saying(ex.check("5.1", loop(prepare="optimizer, dataloader")),
+                  "model was not prepared", "fp32")
+    failed_saying(ex.check("5.1", loop(prepare="model, dataloader")), "optimizer was not prepared",
+                  "GradScaler")
+    failed_saying(ex.check("5.1", loop(prepare="model, optimizer")), "dataloader was not prepared",
+                  "accelerate launch")
+
+
+def test_5_1_a_plain_loss_backward_is_caught_though_the_weights_agree():
+    learner = loop(backward="loss.backward()")
+    run, reference = ex.LoopRun(learner), ex.LoopRun(loop())
+    assert run.same_weights(reference)  # bf16 on one process: identical, so watch the calls
+    assert (run.backward_calls, reference.backward_calls) == (0, 3)
+    failed_saying(ex.check("5.1", learner), "loss.backward()", "scaled for fp16",
+                  "gradient accumulation")
+
+
+def test_5_1_feedback_for_a_loop_that_steps_wrong():
+    failed_saying(ex.check("5.1", loop(zero_grad=False)), "never cleared")
+    failed_saying(ex.check("5.1", loop(step=False)), "never changed")
+    failed_saying(ex.check("5.1", loop(extra="accelerator.backward(model(**batch).loss)")),
+                  "backward ran 6 times for 3 batches")
+    kept_scaler = loop(backward="scaler.scale(loss).backward()")
+    result = ex.check("5.1", kept_scaler)
+    assert result.status == "error" and "NameError: name 'scaler'" in result.message
+
+
+def test_5_1_an_unprepared_model_really_trains_in_fp32_and_the_reference_in_bf16():
+    def observed(prepared: bool):
+        from accelerate import Accelerator
+
+        with fresh_accelerate():
+            accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+            model = lesson_model()
+            if prepared:
+                model = accelerator.prepare(model)
+            seen = Observer(model)
+            model(**lesson_batch(4))
+            seen.remove()
+        return seen.compute_dtype
+
+    assert observed(True) == torch.bfloat16 and observed(False) == torch.float32
+    assert not ex.LoopRun(loop(prepare="optimizer, dataloader")).same_weights(ex.LoopRun(loop()))
+
+
+def test_5_1_the_hidden_check_runs_fp32_on_other_weights_and_more_batches(monkeypatch):
+    def three_batches_only(accelerator, model, optimizer, dataloader):
+        model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+        for batch in list(dataloader)[:3]:
+            accelerator.backward(model(**batch).loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    assert ex.check("5.1", three_batches_only).passed  # the public check has 3 batches
+    monkeypatch.setenv("MPLAB_GRADING", "1")
+    failed_saying(ex.check("5.1", three_batches_only), "hidden check", 'mixed_precision="no"')
+    assert ex.check("5.1", loop()).passed
+
+
+def test_5_1_runs_leave_accelerates_state_fresh_for_the_notebook():
+    from accelerate import Accelerator
+
+    ex.check("5.1", loop())
+    with fresh_accelerate():  # a notebook's next Accelerator may ask for another precision
+        assert Accelerator(mixed_precision="no", cpu=True).mixed_precision == "no"
+
+
+# --- 5.2 --------------------------------------------------------------------------------------
+
+def test_5_2_the_answer_is_read_off_a_real_fp16_accelerator_on_this_cpu():
+    found = ex.fp16_on_cpu_audit()
+    assert found.asked == "fp16" and found.compute_dtype == torch.float32
+    assert found.scaler is None and found.autocast["enabled"] is False
+    assert any("Accelerate ignores fp16 on a CPU" in f for f in found.fallbacks)
+    assert ex.right_5_2() == "b"
+    assert ex.check("5.2", " B ").passed
+
+
+def test_5_2_wrong_choices_say_what_to_look_at_without_the_answer():
+    failed_saying(ex.check("5.2", "a"), "observed the matmuls in float32", "fp16 arithmetic",
+                  hiding=["(b)", "ignores"])
+    failed_saying(ex.check("5.2", "c"), "GradScaler row", hiding=["(b)"])
+    failed_saying(ex.check("5.2", "d"), "bf16", "observed its matmuls in float32",
+                  hiding=["(b)"])
+    assert "one letter" in ex.check("5.2", "z").message
+
+
+# --- 5.3 --------------------------------------------------------------------------------------
+
+def test_5_3_the_colleagues_run_is_pure_bf16_and_the_audit_names_two_fallbacks():
+    report = ex.colleague_audit()
+    assert not report.mixed and report.param_dtype == report.optimizer_state_dtype \
+        == torch.bfloat16
+    assert report.compute_dtype == torch.bfloat16 and report.scaler is None
+    assert len(report.fallbacks) == 2 and ex.named_fallbacks(report) == {"c", "d"}
+    for answer in ({"mixed": False, "fallbacks": ["d", "C"]}, {"mixed": False,
+                                                               "fallbacks": "c, d"}):
+        assert ex.check("5.3", answer).passed
+
+
+def test_5_3_each_choice_is_worded_as_the_audit_words_a_real_case():
+    from accelerate import Accelerator
+
+    batch = lesson_batch(8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        float64 = torch.autocast("cpu", dtype=torch.float64)  # torch switches it off
+    model = lesson_model()
+    bf16_scaled = audit(model, scaler=torch.amp.GradScaler("cpu"), batch=batch,
+                        autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+    with fresh_accelerate():
+        accelerator = Accelerator(mixed_precision="fp16", cpu=True)
+        fp16_ignored = audit(accelerator.prepare(lesson_model()), accelerator=accelerator,
+                             batch=batch)
+    cases = {"a": fp16_ignored, "b": audit(lesson_model(), batch=batch, autocast=float64),
+             "c": ex.colleague_audit(), "d": ex.colleague_audit(), "e": bf16_scaled}
+    for letter, report in cases.items():
+        assert letter in ex.named_fallbacks(report), (letter, report.fallbacks)
+    for report in cases.values():  # and no fallback line matches two choices
+        for line in report.fallbacks:
+            matched = [k for k, (_, words) in ex.FALLBACKS_5_3.items() if words in line]
+            assert len(matched) == 1, line
+
+
+def test_5_3_feedback_for_the_likely_mistakes():
+    failed_saying(ex.check("5.3", {"mixed": True, "fallbacks": ["c", "d"]}), "master weights",
+                  hiding=["bfloat16"])
+    failed_saying(ex.check("5.3", {"mixed": False, "fallbacks": ["c", "d", "e"]}),
+                  "(e) is not among", "GradScaler row")
+    failed_saying(ex.check("5.3", {"mixed": False, "fallbacks": ["a", "c", "d"]}),
+                  "asked for")
+    failed_saying(ex.check("5.3", {"mixed": False, "fallbacks": ["c"]}),
+                  "names 2 silent fallbacks; you listed 1")
+    assert ex.check("5.3", {"mixed": "no", "fallbacks": []}).status == "failed"
+    assert "Not letters" in ex.check("5.3", {"mixed": False, "fallbacks": ["z"]}).message
+    assert ex.check("5.3", {"mixed": False, "fallbacks": 3}).status == "failed"
+    assert ex.check("5.3", {"mixed": ..., "fallbacks": ...}).status == "not attempted"
+
+
+# --- 5.4 --------------------------------------------------------------------------------------
+
+def test_5_4_the_answer_is_where_the_real_accelerate_calls_each_gradscaler_method():
+    """A GradScaler that records which Accelerate call it is inside, handed to a real fp16
+    Accelerator (forced to act as on a GPU: on a CPU it builds none), then the course's calls."""
+    from accelerate import Accelerator
+
+    inside, calls = [None], {}
+
+    class Spy(torch.amp.GradScaler):
+        def scale(self, outputs):
+            calls.setdefault("scale", inside[0])
+            return super().scale(outputs)
+
+        def unscale_(self, optimizer):
+            calls.setdefault("unscale_", inside[0])
+            return super().unscale_(optimizer)
+
+        def step(self, optimizer, *args, **kwargs):
+            calls.setdefault("step", inside[0])
+            return super().step(optimizer, *args, **kwargs)
+
+        def update(self, new_scale=None):
+            calls.setdefault("update", inside[0])
+            return super().update(new_scale)
+
+    def autocast_seen(module, args, output):
+        if torch.is_autocast_enabled("cpu") and output.dtype == torch.float16:
+            calls.setdefault("autocast", inside[0])
+
+    with fresh_accelerate():
+        accelerator = Accelerator(mixed_precision="fp16", cpu=True)
+        accelerator.native_amp, accelerator.scaler = True, Spy("cpu", init_scale=2.0**8)
+        model = lesson_model()
+        optimizer = torch.optim.AdamW(model.parameters())
+        inside[0] = "prepare"
+        model, optimizer = accelerator.prepare(model, optimizer)
+        model.bert.encoder.layer[0].attention.self.query.register_forward_hook(autocast_seen)
+        inside[0] = "forward"  # the prepared model's: its own is model._original_forward
+        loss = model(**lesson_batch(8)).loss
+        inside[0] = "backward"
+        accelerator.backward(loss)
+        inside[0] = "clip_grad_norm_"
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        inside[0] = "optimizer.step"
+        optimizer.step()
+        inside[0] = "zero_grad"
+        optimizer.zero_grad()
+    assert hasattr(model, "_original_forward")
+    assert calls.pop("autocast") == "forward" and ex.WHERE_5_4["autocast"] == "prepare"
+    assert calls == {k: v for k, v in ex.WHERE_5_4.items() if k != "autocast"}
+    assert ex.check("5.4", dict(ex.WHERE_5_4)).passed
+
+
+def test_5_4_feedback_points_at_the_first_call_placed_wrong():
+    answer = dict(ex.WHERE_5_4, update="zero_grad")
+    failed_saying(ex.check("5.4", answer), "'update'", "right after step()")
+    answer = dict(ex.WHERE_5_4, autocast="backward", scale="optimizer.step")
+    failed_saying(ex.check("5.4", answer), "'autocast'", "1 more to look at")
+    result = ex.check("5.4", dict(ex.WHERE_5_4, step="accelerator.step"))
+    assert result.status == "failed" and "not one of the Accelerate calls" in result.message
+    assert ex.check("5.4", {"autocast": "prepare"}).status == "failed"
