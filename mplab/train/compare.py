@@ -94,7 +94,8 @@ def diff(old: str, new: str, context: int = 3) -> str:
 def method_lines(path: str) -> list[str]:
     """The lines counted as the method's code: the function's statements without its
     docstring, comments and blank lines, and without mplab's bookkeeping: statements that
-    call the `Run` record (`run.record(...)`), and the `with Run.start(...)` that opens it.
+    call the `Run` record (`run.record(...)`) or set its fields, and the `with Run.start(...)`
+    that opens it. A statement that only reads `run.device` or `run.model` counts.
     A loop over `run.batches()` counts: a learner writes that loop over their own data."""
     text = textwrap.dedent(source(path))
     lines = text.splitlines()
@@ -103,10 +104,16 @@ def method_lines(path: str) -> list[str]:
     for first, last, compound in _chunks(function.body):
         chunk = [line.split("#", 1)[0].strip() for line in lines[first - 1:last]]
         code = " ".join(chunk)
-        if re.search(r"\bRun\.", code) or (not compound and re.search(r"\brun\.", code)):
+        if re.search(r"\bRun\.", code) or (not compound and _bookkeeping(code)):
             continue
         kept += [c for c in chunk if c]
     return kept
+
+
+def _bookkeeping(code: str) -> bool:
+    """A statement that calls the Run record (`run.record(...)`) or sets one of its fields
+    (`run.accelerator = ...`); one that only reads `run.device` is the method's own code."""
+    return bool(re.search(r"\brun\.[\w.]+\(", code) or re.match(r"run\.[\w.]+\s*=[^=]", code))
 
 
 def _chunks(body: list[ast.stmt]):
