@@ -30,9 +30,10 @@ from dataclasses import fields
 
 from .common import NonFiniteLossError, TrainWarning
 from .config import PATHS, PRECISIONS, TrainConfig
+from .recorder import Recorder
 from .result import TrainResult
 
-__all__ = ["train", "TrainConfig", "TrainResult", "NonFiniteLossError", "TrainWarning",
+__all__ = ["train", "TrainConfig", "TrainResult", "Recorder", "NonFiniteLossError", "TrainWarning",
            "PATHS", "PRECISIONS"]
 
 

@@ -30,6 +30,13 @@ class TrainResult:
       `skipped_steps`: steps whose gradients held an inf/NaN, so the optimizer did not step.
     - `grad_norms`: per step, the gradient norm after unscaling and before clipping (only
       with `max_grad_norm`); inf on a skipped step.
+    - `zero_grad_fractions` (fp16 runs): per step, the share of gradient entries that were
+      exactly 0 when the optimizer stepped, embedding tables left out (underflow; None on a
+      skipped step). `unchanged_weight_fractions` (weights stored in bf16/fp16): the share of
+      them a step left as they were (swamped updates). `scaler_calls` (a `Recorder`'s own
+      loops): how often `unscale_`, `step` and `update` ran in each iteration. All are seen
+      by hooks (mplab.train.watch), for `mplab.diagnose`.
+    - `has_units`: whether the CPU has arithmetic units for the precision (None on a GPU).
     - `step_seconds`: the time of each step this call trained (after a resume, from where it
       resumed): the first includes warm-up (kernels, allocations), so a steady speed is the
       median of the rest (`steady_step_seconds`).
@@ -55,6 +62,10 @@ class TrainResult:
     scales: list[float] = field(default_factory=list)
     skipped_steps: list[int] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
+    zero_grad_fractions: list[float | None] = field(default_factory=list)
+    unchanged_weight_fractions: list[float | None] = field(default_factory=list)
+    scaler_calls: list[dict] = field(default_factory=list)
+    has_units: bool | None = None
     eval_accuracy: float | None = None
     eval_history: list[tuple[int, float]] = field(default_factory=list)
     samples_per_s: float = 0.0

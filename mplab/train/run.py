@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from mplab import data, models
 from mplab.audit import Observer, audit
+from mplab.hardware import has_units
 
 from .common import (
     NonFiniteLossError,
@@ -56,9 +57,11 @@ from .common import (
 )
 from .config import TrainConfig
 from .result import TrainResult
+from .watch import StepWatch
 
 CHECKPOINT_FORMAT = 1
-_RECORD = ("losses", "scales", "skipped_steps", "grad_norms", "eval_history")  # resumed too
+_RECORD = ("losses", "scales", "skipped_steps", "grad_norms", "zero_grad_fractions",
+           "unchanged_weight_fractions", "eval_history")  # resumed too
 
 
 class StepCounter:
@@ -115,6 +118,7 @@ class Run:
     _tokens_now: int = 0
     _bar: object = None
     _observer: Observer | None = None
+    _watch: StepWatch | None = None
 
     @property
     def device(self) -> torch.device:
@@ -173,7 +177,8 @@ class Run:
             path=path, precision=config.precision, device=str(device), model=name,
             steps=config.steps, parameters=sum(p.numel() for p in model.parameters()),
             world_size=procs.world_size, global_batch_size=global_size,
-            device_name=device_name(device), config=config.as_dict())
+            device_name=device_name(device), config=config.as_dict(),
+            has_units=has_units(config.precision) if device.type == "cpu" else None)
         run = cls(config, procs, model, tokenizer, train_data, test_data, result, on_step)
         run._observer = Observer(model)  # what really ran: matmul, output and gradient dtypes
         for note in notes + _setting_notes(config, device):
@@ -193,6 +198,8 @@ class Run:
         self.save_state, self.load_state = save_state, load_state
         if self._observer is not None:
             self._observer.watch(optimizer)
+        # underflow can only happen to fp16 gradients; swamping only to low-precision weights
+        self._watch = StepWatch(self.model, optimizer, zeros=self.config.precision == "fp16")
         if not self.config.resume or self.managed:  # the Trainer resumes on its own
             return
         if self._load_checkpoint():
@@ -233,6 +240,8 @@ class Run:
             self._bar.close()
         if self._observer is not None:
             self._observer.remove()
+        if self._watch is not None:
+            self._watch.remove()
 
     # ---- the loop's bookkeeping -----------------------------------------------------------
 
@@ -333,6 +342,12 @@ class Run:
             result.skipped_steps.append(self.step)
         if grad_norm is not None:
             result.grad_norms.append(float(grad_norm))
+        if self._watch is not None:
+            zeros, unchanged = self._watch.measure()
+            if self.config.precision == "fp16":
+                result.zero_grad_fractions.append(zeros)
+            if unchanged is not None:
+                result.unchanged_weight_fractions.append(unchanged)
         postfix = {"loss": f"{loss:.4f}"} | ({"scale": f"{scale:g}"} if scale else {})
         self._bar.set_postfix(postfix, refresh=False)
         self._bar.update()

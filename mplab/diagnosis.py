@@ -1,0 +1,511 @@
+"""Why did my run break? `mplab.diagnose(result)` names the likely cause and the fix.
+
+    diagnose(train(precision="fp16", steps=50))   # a TrainResult from mplab.train
+    diagnose(recorder.finish())                   # your own loop (mplab.train.Recorder)
+    diagnose("run.json")                          # what `python -m mplab.train --json` wrote
+    diagnose(err)                                 # a NonFiniteLossError: the run it stopped
+
+It reads only the record: the losses, the scale after each step, the steps the optimizer
+skipped, the gradient norms, what the hooks saw (gradient entries that were 0, low-precision
+weights a step left unchanged, the scaler's calls per iteration), the device's units and the
+audit (which dtypes really ran). Each `Finding` says the cause, the evidence in the run's own
+numbers, and the fix. The checks run in order of harm; a run with none is reported healthy.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from mplab.formats import dtype_name
+from mplab.train.common import NonFiniteLossError
+from mplab.train.result import TrainResult
+
+SEVERITIES = ("broken", "warning", "note")
+
+#: Every cause diagnose can name, with a short title.
+CAUSES = {
+    "fp16_overflow": "an fp16 activation overflowed: the loss became inf/NaN",
+    "diverged": "the weights diverged: the loss became inf/NaN",
+    "scale_collapse": "the loss scale collapsed toward 0 (every step skipped)",
+    "extra_update": "GradScaler.update() ran more than once per iteration",
+    "accumulation_scaler": "gradient accumulation: the scaler ran on micro-batches that do not step",
+    "clip_before_unscale": "gradients clipped before scaler.unscale_()",
+    "no_scaler": "fp16 without a GradScaler: gradients underflow to 0",
+    "fp16_ignored": "fp16 was asked for but silently ignored",
+    "autocast_off": "autocast was switched off for this device and dtype",
+    "no_units": "low precision on a CPU without units for it: slow",
+    "pure_low_precision": "weights stored in low precision: no fp32 master weights",
+    "compensated_weights": "bf16 weights with compensated or stochastic updates",
+    "scaler_with_bf16": "a GradScaler used with bf16 (not needed)",
+    "frequent_skips": "many skipped steps",
+    "scale_calibrating": "skipped steps at the start: the scale calibrating",
+    "stalled": "the loss did not fall",
+}
+
+
+@dataclass
+class Finding:
+    """One cause: `name` (a key of CAUSES), how bad (`severity`: "broken", "warning" or
+    "note"), what happened (`cause`), the run's numbers that show it, and the `fix`."""
+
+    name: str
+    severity: str
+    cause: str
+    evidence: list[str] = field(default_factory=list)
+    fix: str = ""
+
+    @property
+    def title(self) -> str:
+        return CAUSES[self.name]
+
+
+@dataclass
+class Diagnosis:
+    """What `diagnose` found: `findings` (worst first), `run` (what the run was)."""
+
+    run: str
+    findings: list[Finding]
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.findings]
+
+    @property
+    def cause(self) -> str | None:
+        """The name of the worst problem (broken or warning), None for a healthy run."""
+        return next((f.name for f in self.findings if f.severity != "note"), None)
+
+    @property
+    def ok(self) -> bool:
+        return self.cause is None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names
+
+    def as_dict(self) -> dict:
+        return {"run": self.run, "cause": self.cause,
+                "findings": [asdict(f) | {"title": f.title} for f in self.findings]}
+
+    def __str__(self) -> str:
+        lines = [f"Diagnosis of {self.run}"]
+        if self.ok:
+            lines.append("  nothing wrong found.")
+        for f in self.findings:
+            lines.append(f"\n[{f.severity}] {f.title}\n  cause: {f.cause}")
+            lines += [f"  - {e}" for e in f.evidence]
+            if f.fix:
+                lines.append(f"  fix: {f.fix}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        colour = {"broken": "#b00020", "warning": "#a65e00", "note": "#555"}
+        parts = [f"<b>Diagnosis of {html.escape(self.run)}</b>"]
+        if self.ok:
+            parts.append("<p>Nothing wrong found.</p>")
+        for f in self.findings:
+            evidence = "".join(f"<li>{html.escape(e)}</li>" for e in f.evidence)
+            parts.append(
+                f"<div style='margin:.5em 0'><b style='color:{colour[f.severity]}'>"
+                f"[{f.severity}] {html.escape(f.title)}</b><br>{html.escape(f.cause)}"
+                f"<ul>{evidence}</ul>" + (f"<i>Fix:</i> {html.escape(f.fix)}" if f.fix else "")
+                + "</div>")
+        return "".join(parts)
+
+
+def diagnose(result) -> Diagnosis:
+    """Diagnose a run: a `TrainResult`, its `as_dict()`, a JSON file of one (a path), or the
+    `NonFiniteLossError` that stopped it."""
+    result = _load(result)
+    findings = []
+    for check in _CHECKS:
+        findings += check(result)
+    if not any(f.severity == "broken" for f in findings):
+        findings += _stalled(result)
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    findings.sort(key=lambda f: order[f.severity])  # stable: the checks' order within a kind
+    steps = len(result.losses)
+    run = (f"{result.path} / {result.precision} on {result.device}, {result.model}, "
+           f"{steps} step{'s' * (steps != 1)}")
+    return Diagnosis(run, findings)
+
+
+# ---- reading the record ---------------------------------------------------------------------
+
+def _load(result) -> TrainResult:
+    if isinstance(result, NonFiniteLossError):
+        return result.result
+    if isinstance(result, TrainResult):
+        return result
+    if isinstance(result, (str, Path)):
+        path = Path(result).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"diagnose({str(result)!r}): no such file; give a "
+                                    "TrainResult or the JSON file `--json` wrote")
+        try:
+            result = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{str(path)!r} is not JSON ({err})") from err
+    if isinstance(result, dict):
+        if "rows" in result and "losses" not in result:
+            raise ValueError("this is an mplab.bench record (it has 'rows'); diagnose reads a "
+                             "training run's record: `python -m mplab.train --json FILE`")
+        if "losses" not in result:
+            raise ValueError(f"not a training record: no 'losses' among its keys "
+                             f"{sorted(result)[:8]}")
+        return TrainResult.from_dict(result)
+    raise TypeError(f"diagnose() reads a TrainResult, its as_dict(), a JSON file's path or a "
+                    f"NonFiniteLossError; got {type(result).__name__}")
+
+
+def _finite(values) -> list[float]:
+    return [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _drop(losses: list[float]) -> float | None:
+    """How much the loss fell, relative: mean of the first quarter (up to 10) against the
+    last; None with under 8 finite losses."""
+    losses = _finite(losses)
+    if len(losses) < 8:
+        return None
+    k = max(2, min(10, len(losses) // 4))
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    return (first - last) / first if first else None
+
+
+def _loss_words(result: TrainResult) -> str:
+    losses = _finite(result.losses)
+    drop = _drop(result.losses)
+    if drop is None:
+        return ""
+    k = max(2, min(10, len(losses) // 4))
+    moved = f"fell by {drop:.1%}" if drop >= 0 else f"rose by {-drop:.1%}"
+    return (f"over {len(losses)} steps the loss {moved} (mean of the first {k} steps against "
+            f"the last {k}: {losses[0]:.4f} at step 1, {losses[-1]:.4f} at the end)")
+
+
+def _trailing_skips(result: TrainResult) -> int:
+    skipped, n, count = set(result.skipped_steps), len(result.losses), 0
+    while n - count >= 1 and (n - count) in skipped:
+        count += 1
+    return count
+
+
+def _setting(result: TrainResult, name: str, default: float) -> float:
+    value = result.config.get(name, default)
+    return value if isinstance(value, (int, float)) else default
+
+
+def _fallback(result: TrainResult, words: str) -> str | None:
+    found = result.audit.fallbacks if result.audit is not None else []
+    return next((f for f in found if words in f), None)
+
+
+# ---- the checks, in order of harm -------------------------------------------------------------
+
+def _non_finite(r: TrainResult) -> list[Finding]:
+    bad = [i + 1 for i, v in enumerate(r.losses) if not math.isfinite(v)]
+    stopped = r.stopped if r.stopped and ("inf" in r.stopped or "nan" in r.stopped) else None
+    if not bad and not stopped:
+        return []
+    step = bad[0] if bad else len(r.losses) + 1
+    evidence = [f"step {step}: the loss is not finite"
+                + (f" (and {len(bad) - 1} more steps after)" if len(bad) > 1 else "")
+                + (f"; the {step - 1} steps before were finite" if step > 1
+                   else ": the very first loss, before any update")]
+    fp16 = r.precision == "fp16" and r.compute_dtype in (None, torch.float16)
+    if not fp16:
+        finite = _finite(r.losses)
+        if finite:
+            evidence.append(f"the loss rose from {min(finite):.4g} to {max(finite[-5:]):.4g} "
+                            "before it broke")
+        lr = r.config.get("lr")
+        return [Finding("diverged", "broken",
+                        f"in {r.precision} the range is fp32's, so a non-finite loss means the "
+                        "weights themselves diverged", evidence,
+                        f"lower the learning rate{f' (lr={lr:g})' if lr else ''} or clip "
+                        "gradients (max_grad_norm)")]
+    if r.scales:
+        evidence.append("the GradScaler could not help: it scales gradients, and this value "
+                        "overflowed in the forward pass, before any gradient")
+    if not bad and r.losses:
+        evidence.append(f"the steps before were healthy (last loss {r.losses[-1]:.4f}): an "
+                        "activation grew past fp16's largest value, 65504, as in T5")
+    return [Finding("fp16_overflow", "broken",
+                    "an activation in the forward pass exceeded fp16's largest value (65504) "
+                    "and became inf; the next normalization or softmax made it NaN",
+                    evidence,
+                    "train in bf16 (fp32's exponent range, so the same activation fits), or "
+                    "keep the block that overflows in fp32, an fp32 island: `with "
+                    "torch.autocast(device, enabled=False): h = block(h.float())`. "
+                    "mplab.trace shows the largest activation of each layer")]
+
+
+def _scale_collapse(r: TrainResult) -> list[Finding]:
+    tail = _trailing_skips(r)
+    if not r.scales or tail < 8 or r.scales[-1] >= 1:
+        return []
+    start = len(r.losses) - tail + 1
+    last = r.scales[-1]
+    backoff = _setting(r, "backoff_factor", 0.5)
+    evidence = [f"the last {tail} steps (from step {start}) were all skipped: the weights have "
+                "not changed since",
+                f"the scale fell to {last:.3g} (from {max(r.scales):.6g})"]
+    if last > 0 and 0 < backoff < 1:
+        to_zero = math.ceil(math.log(last / 2**-149) / -math.log(backoff))
+        evidence.append(f"at ×{backoff:g} per step it reaches 0 (below fp32's smallest "
+                        f"number, 2^-149) in about {to_zero} more steps: torch's GradScaler "
+                        "has no lower bound (pytorch issue #99640)")
+    elif last == 0:
+        evidence.append("the scale is 0: every scaled gradient is 0, or NaN where 0 × inf")
+    finite = _finite(r.losses[start - 1:])
+    if finite:
+        evidence.append(f"the loss stayed finite ({finite[-1]:.4f}): the forward pass is fine; "
+                        "the gradients are inf/NaN at any scale, so no scale can fix them")
+    return [Finding("scale_collapse", "broken",
+                    "the gradients were non-finite at every step, whatever the scale, so the "
+                    "scaler skipped every step and backed the scale off each time",
+                    evidence,
+                    "find where the gradients become NaN: run one step under "
+                    "`torch.autograd.set_detect_anomaly(True)`. A usual cause is a log, sqrt "
+                    "or division of 0 inside torch.where: the branch not taken still gets a "
+                    "gradient, and 0 × inf = NaN; give it a safe input (`torch.where(ok, x, 1)` "
+                    "first). And put a floor under the scale: stop, or reset it, when "
+                    "scaler.get_scale() < 1")]
+
+
+def _scaler_calls(r: TrainResult) -> list[Finding]:
+    calls = r.scaler_calls
+    if calls:
+        extra = [(i + 1, c) for i, c in enumerate(calls) if c.get("update", 0) > 1]
+        if not extra:
+            return []
+        first, c = extra[0]
+        counted = (f"in {len(extra)} of {len(calls)} iterations update() ran more than once "
+                   f"(iteration {first}: unscale_ {c['unscale_']}×, step {c['step']}×, update "
+                   f"{c['update']}×)")
+        if c.get("step", 0) > 1 and c["update"] >= c["step"]:
+            return [Finding(
+                "extra_update", "broken",
+                "update() ran after each optimizer's step instead of once per iteration: the "
+                "scale backs off twice per overflow and grows twice as fast, and the second "
+                "optimizer's gradients are unscaled by a scale they were not scaled with",
+                [counted] + _scale_jumps(r),
+                "call scaler.step(opt) for every optimizer, then scaler.update() once, at the "
+                "end of the iteration")]
+        return [Finding(
+            "accumulation_scaler", "broken",
+            "the scaler's unscale_/update ran on micro-batches that do not step: each update() "
+            "starts a new scale, and the gradients already unscaled are unscaled again at the "
+            "real step (divided by the scale twice), so all but the last micro-batch vanish",
+            [counted, "an optimizer step over several micro-batches needs one unscale_, one "
+             "step and one update"],
+            "during accumulation only backward(scaler.scale(loss)) runs per micro-batch; call "
+            "unscale_ (to clip), step and update only when the optimizer steps (with "
+            "Accelerate: `if accelerator.sync_gradients:`)")]
+    jumps = _scale_jumps(r)
+    if not jumps:
+        return []
+    return [Finding("extra_update", "warning",
+                    "the scale changed by more than one backoff or growth in one iteration, "
+                    "which happens when update() runs more than once per iteration (or "
+                    "several scalers share a loss)", jumps,
+                    "call scaler.update() once per iteration, after every scaler.step(opt)")]
+
+
+def _scale_jumps(r: TrainResult) -> list[str]:
+    backoff = _setting(r, "backoff_factor", 0.5)
+    growth = _setting(r, "growth_factor", 2.0)
+    for i in range(1, len(r.scales)):
+        before, after = r.scales[i - 1], r.scales[i]
+        if before <= 0 or after <= 0:
+            continue
+        ratio = after / before
+        if ratio < backoff * 0.99 or ratio > growth * 1.01:
+            return [f"iteration {i + 1}: the scale went from {before:g} to {after:g} (×{ratio:g})"
+                    f", more than one ×{backoff:g} backoff or ×{growth:g} growth"]
+    return []
+
+
+def _clip_before_unscale(r: TrainResult) -> list[Finding]:
+    if not r.scales or not r.grad_norms:
+        return []
+    pairs = [(n, s) for n, s in zip(r.grad_norms, r.scales) if math.isfinite(n) and s > 0]
+    if not pairs:
+        return []
+    norm = statistics.median(n for n, _ in pairs)
+    scale = statistics.median(s for _, s in pairs)
+    per_scale = statistics.median(n / s for n, s in pairs)
+    # A true gradient norm thousands of times 1 is a diverging run; one that is a plain
+    # multiple of the scale is a norm of the scaled gradients.
+    if scale < 256 or norm < 1000 or per_scale > 100:
+        return []
+    max_norm = r.config.get("max_grad_norm")
+    evidence = [f"the median gradient norm before clipping is {norm:.4g}, {per_scale:.3g} × "
+                f"the median scale ({scale:g}): the norm of the scaled gradients"]
+    if isinstance(max_norm, (int, float)):
+        evidence.append(f"so clip_grad_norm_(max_norm={max_norm:g}) cut every step: after "
+                        f"unscaling, the update used gradients of norm about "
+                        f"{max_norm / scale:.2g} instead of {per_scale:.3g}")
+    words = _loss_words(r)
+    return [Finding("clip_before_unscale", "broken",
+                    "clip_grad_norm_ ran on the scaled gradients: the threshold was compared "
+                    "with the gradients times the scale, so every step was clipped far below "
+                    "its true size", evidence + ([words] if words else []),
+                    "call scaler.unscale_(optimizer) right before clip_grad_norm_ (scaler.step "
+                    "then does not unscale again)")]
+
+
+def _no_scaler(r: TrainResult) -> list[Finding]:
+    # mplab.train's paths always scale fp16; only a loop of one's own can leave it out
+    scaled = bool(r.scales) or r.path != "own loop" or r.config.get("scaler") is not None
+    if r.precision != "fp16" or r.compute_dtype not in (None, torch.float16) or scaled:
+        return []
+    if r.compute_dtype is None and r.audit is not None and r.audit.compute_dtype is None:
+        return []
+    zeros = _median(r.zero_grad_fractions)
+    evidence = []
+    if zeros is not None:
+        evidence.append(f"in a typical step {zeros:.1%} of the gradient entries were exactly 0 "
+                        "(fp16 flushes anything below 2^-24 ≈ 6e-8 to 0); an fp32 run has "
+                        "almost none outside the embedding tables")
+    words = _loss_words(r)
+    if words:
+        evidence.append(words)
+    broken = zeros is not None and zeros > 0.05
+    return [Finding("no_scaler", "broken" if broken else "warning",
+                    "fp16 gradients without a GradScaler: small gradients underflow to 0 and "
+                    "their updates are lost" + ("" if broken else
+                                                " (this run lost few so far, but it can)"),
+                    evidence,
+                    "use a GradScaler: `scaler = torch.amp.GradScaler(device)`, "
+                    "`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
+                    "`scaler.update()`; or train in bf16, whose range needs no scaling")]
+
+
+def _ignored(r: TrainResult) -> list[Finding]:
+    found = []
+    said = _fallback(r, "ignores fp16")
+    if said:
+        found.append(Finding("fp16_ignored", "warning",
+                             "fp16 was asked for, but it was silently ignored: this was an "
+                             "fp32 run", [said],
+                             "on a CPU ask for bf16 (with bf16 units) or fp32; fp16 needs a "
+                             "GPU, where the same flag works"))
+    said = _fallback(r, "autocast is off")
+    if said:
+        found.append(Finding("autocast_off", "warning",
+                             "autocast was switched off, so the run was fp32", [said],
+                             "ask for a dtype this device's autocast supports"))
+    return found
+
+
+def _no_units(r: TrainResult) -> list[Finding]:
+    ran = dtype_name(r.compute_dtype)
+    if r.has_units is not False or r.compute_dtype is None or ran == "float32" \
+            or r.precision == "fp32":
+        return []
+    evidence = [f"the matmuls ran in {ran} on {r.device_name or r.device}, which has no "
+                f"{r.precision} arithmetic units: torch converts to fp32 and back around every "
+                "small block of work"]
+    evidence += [w for w in r.warnings if "on this CPU is slow" in w][:1]
+    step = r.steady_step_seconds
+    if step is not None:
+        evidence.append(f"a steady step took {step * 1e3:.1f} ms")
+    return [Finding("no_units", "warning",
+                    f"{r.precision} runs correctly here, but slower than fp32 would",
+                    evidence,
+                    "train in fp32 on this CPU; bf16 pays off on CPUs with AVX-512-BF16 or "
+                    "AMX (mplab.hardware.describe() says which this is) and fp16 on GPUs; "
+                    "`python -m mplab.bench --quick` measures it")]
+
+
+def _low_weights(r: TrainResult) -> list[Finding]:
+    weights = dtype_name(r.param_dtype)
+    if r.param_dtype is None or weights == "float32":
+        return []
+    rounding = r.config.get("rounding")
+    unchanged = _median(r.unchanged_weight_fractions)
+    if rounding in ("kahan", "stochastic"):
+        how = ("a Kahan compensation buffer keeps what rounding took" if rounding == "kahan"
+               else "stochastic rounding keeps each update in expectation")
+        return [Finding("compensated_weights", "note",
+                        f"the weights are {weights}, but the optimizer's update is computed in "
+                        f"fp32 and {how}, so small updates are not lost",
+                        [f"a typical step left {unchanged:.1%} of the stored weights as they "
+                         "were; that is expected here, not lost work"] if unchanged else [],
+                        "")]
+    evidence = []
+    if unchanged is not None:
+        evidence.append(f"in a typical step {unchanged:.1%} of the {weights} weights did not "
+                        f"change: their updates were smaller than half a {weights} ulp and "
+                        "were rounded away (swamping)")
+    state = dtype_name(r.optimizer_state_dtype)
+    if state and state != "float32":
+        evidence.append(f"the optimizer's states are {state} too: Adam's running averages "
+                        "lose the small values they exist to keep")
+    words = _loss_words(r)
+    if words:
+        evidence.append(words)
+    broken = unchanged is not None and unchanged > 0.25
+    return [Finding("pure_low_precision", "broken" if broken else "warning",
+                    f"the weights are stored in {weights} (a checkpoint loaded as saved, or "
+                    f"model.to({weights})): every update is rounded to {weights}, so updates "
+                    "much smaller than the weight are lost", evidence,
+                    "keep fp32 master weights (model.float(), or load_pretrained(..., "
+                    "dtype=torch.float32), with autocast for the speed); or keep bf16 weights "
+                    "and compensate: mplab.bf16.LowPrecisionUpdate(optimizer, rounding='kahan') "
+                    "(+2 bytes a weight) or rounding='stochastic' with a seed (+0 bytes)")]
+
+
+def _skips(r: TrainResult) -> list[Finding]:
+    skipped, n = r.skipped_steps, len(r.losses)
+    if not skipped or not r.scales or _trailing_skips(r) >= 8:
+        return []
+    early = [s for s in skipped if s <= 20]
+    if len(skipped) - len(early) > max(2, 0.05 * n):
+        late = len(skipped) - len(early)
+        return [Finding("frequent_skips", "warning",
+                        "the gradients overflowed fp16 again and again after the scale had "
+                        "settled", [f"{late} of the {n} steps after step 20 were skipped "
+                                    f"(scale now {r.scales[-1]:g})"],
+                        "some gradient is near fp16's limit: look for a loss computed in fp16 "
+                        "or a small eps, or use bf16")]
+    return [Finding("scale_calibrating", "note",
+                    "the first skipped steps are the scale finding its level from init_scale: "
+                    "normal", [f"skipped: steps {', '.join(map(str, early[:8]))}"
+                               f"{' …' if len(early) > 8 else ''}; the scale settled at "
+                               f"{r.scales[-1]:g}"], "")]
+
+
+def _bf16_scaler(r: TrainResult) -> list[Finding]:
+    said = _fallback(r, "GradScaler is used with bf16")
+    return [Finding("scaler_with_bf16", "note", "bf16 needs no loss scaling", [said],
+                    "drop the GradScaler for bf16")] if said else []
+
+
+def _stalled(r: TrainResult) -> list[Finding]:
+    drop = _drop(r.losses)  # short runs are all noise: judge 100 steps or more
+    if len(r.losses) < 100 or drop is None or drop >= 0.01 or _trailing_skips(r) >= 8:
+        return []
+    return [Finding("stalled", "warning", "the loss did not fall: no precision problem was "
+                    "found to explain it", [_loss_words(r)],
+                    "check the learning rate and the data; compare with an fp32 run "
+                    "(TrainResult.versus)")]
+
+
+_CHECKS = (_non_finite, _scale_collapse, _scaler_calls, _clip_before_unscale, _no_scaler,
+           _ignored, _low_weights, _no_units, _skips, _bf16_scaler)

@@ -1,0 +1,347 @@
+"""Lesson 7's failure lab: each way a mixed precision run breaks, reproduced on a small model.
+
+    from mplab import lab
+    result = lab.run("clip_before_unscale")            # the broken run: a TrainResult
+    mplab.diagnose(result)                             # names the cause and the fix
+    fixed = lab.run("clip_before_unscale", fix="unscale_first")
+    print(lab.FAILURES["clip_before_unscale"].code)    # the loop that ran, bug and fix
+
+Every failure is a plain PyTorch loop (or an `mplab.train` call where the failure lies in a
+setting) that a learner could have written, on the lab model (the lesson transformer at
+hidden 64, one layer) and the shipped sentiment data, with a `Recorder` watching; `fix=`
+switches on the lines that repair it, so a broken run and its fix differ only there. Runs
+are seeded: the same call gives the same record.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from mplab.data import batches, encode, load_dataset
+from mplab.hardware import has_units, resolve_device
+from mplab.models import lesson_model, lesson_tokenizer
+from mplab.train import NonFiniteLossError, Recorder, TrainResult, train
+
+LAB_SHAPE = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+             "intermediate_size": 128}
+BATCH = 16
+LR = 1e-3
+
+
+# ---- the lab's pieces ------------------------------------------------------------------------
+
+def lab_model(seed: int = 0) -> torch.nn.Module:
+    """The lab's small transformer (the lesson model at hidden 64, one layer), fp32 weights."""
+    return lesson_model(seed=seed, **LAB_SHAPE)
+
+
+def lab_batches(steps: int, batch_size: int = BATCH, device="cpu") -> Iterator[dict]:
+    """`steps` shuffled batches of the shipped training reviews (seeded, epochs repeat)."""
+    reviews = load_dataset("sentiment", "train")
+    encoded = encode(lesson_tokenizer(), reviews.texts, reviews.labels)
+    done, epoch = 0, 0
+    while done < steps:
+        for batch in batches(encoded, batch_size, seed=epoch, device=device):
+            if done == steps:
+                return
+            done += 1
+            yield batch
+        epoch += 1
+
+
+class Fp32Island(torch.nn.Module):
+    """Run `module` in fp32 inside an autocast region: the fix for one layer whose values
+    outgrow fp16 (65504) while the rest of the model stays in fp16."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args):
+        device = next(self.module.parameters()).device.type
+        with torch.autocast(device, enabled=False):
+            return self.module(*(a.float() if torch.is_floating_point(a) else a for a in args))
+
+
+def _train(model, **settings) -> TrainResult:
+    """The lab's settings for mplab.train: its batch and lr, constant, no evaluation."""
+    return train(model=model, batch_size=BATCH, lr=LR, schedule="constant", eval_samples=0,
+                 progress=False, **settings)
+
+
+def _autocast(precision: str, device: torch.device) -> torch.autocast:
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+    return torch.autocast(device.type, dtype=dtype, enabled=precision != "fp32")
+
+
+# ---- the failures ----------------------------------------------------------------------------
+
+def fp16_overflow(fix=None, steps=20, device="auto") -> TrainResult:
+    """A model whose feed-forward outputs outgrow fp16, as T5's did after bf16 pretraining
+    (66,246 > 65,504): the first fp16 forward pass gives inf, LayerNorm turns it into NaN."""
+    model = lab_model()
+    grow_feed_forward(model, next(lab_batches(1)), largest=1e5)
+    if fix == "fp32_island":
+        for layer in model.bert.encoder.layer:
+            layer.output.dense = Fp32Island(layer.output.dense)
+    precision = "bf16" if fix == "bf16" else "fp16"
+    try:
+        return _train(model, precision=precision, steps=steps, device=device)
+    except NonFiniteLossError as err:  # mplab.train stops at the first non-finite loss
+        return err.result
+
+
+def grow_feed_forward(model, batch: dict, largest: float = 1e5) -> float:
+    """Scale each feed-forward output layer so its largest output on `batch` is `largest`
+    (fp32; the LayerNorm after it normalizes that away). Returns the largest seen before."""
+    denses = [layer.output.dense for layer in model.bert.encoder.layer]
+    seen = []
+    hooks = [d.register_forward_hook(lambda m, a, out: seen.append(out.abs().max().item()))
+             for d in denses]
+    with torch.no_grad():
+        model(**batch)
+    for hook in hooks:
+        hook.remove()
+    for dense, before in zip(denses, seen):
+        dense.weight.data *= largest / before
+        dense.bias.data *= largest / before
+    return max(seen)
+
+
+def no_scaler(fix=None, steps=30, device="auto") -> TrainResult:
+    """fp16 without a GradScaler. The loss is scaled by 2**-16 to put the lab model's
+    gradients where many real models' are (most of SSD's activation gradients lie below
+    2**-24, Micikevicius et al. 2018); without a scaler they flush to 0."""
+    device = resolve_device(device)
+    model = lab_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    autocast = _autocast("bf16" if fix == "bf16" else "fp16", device)
+    scaler = torch.amp.GradScaler(device.type, enabled=fix == "scaler")
+    with Recorder(model, optimizer, scaler=scaler if fix == "scaler" else None,
+                  autocast=autocast) as rec:
+        for batch in lab_batches(steps, device=device):
+            with autocast:
+                loss = model(**batch).loss * 2**-16
+            scaler.scale(loss).backward()  # a disabled scaler passes the loss through
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            rec.step(loss * 2**16)  # record the loss on its usual scale
+        return rec.finish()
+
+
+def clip_before_unscale(fix=None, steps=30, device="auto") -> TrainResult:
+    """Gradient clipping on the scaled gradients: the norm is the scale (65536) times too big."""
+    device = resolve_device(device)
+    model = lab_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    autocast = _autocast("fp16", device)
+    scaler = torch.amp.GradScaler(device.type)
+    with Recorder(model, optimizer, scaler=scaler, autocast=autocast, max_grad_norm=1.0) as rec:
+        for batch in lab_batches(steps, device=device):
+            with autocast:
+                loss = model(**batch).loss
+            scaler.scale(loss).backward()
+            if fix == "unscale_first":
+                scaler.unscale_(optimizer)  # the fix: clip the true gradients
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            rec.step(loss, grad_norm=norm)
+        return rec.finish()
+
+
+def extra_update(fix=None, steps=30, device="auto") -> TrainResult:
+    """Two optimizers (the classifier head at a higher learning rate), each followed by its
+    own `scaler.update()`: the scale moves twice per iteration."""
+    device = resolve_device(device)
+    model = lab_model().to(device)
+    head = list(model.classifier.parameters())
+    body = [p for p in model.parameters() if all(p is not h for h in head)]
+    body_opt = torch.optim.AdamW(body, lr=LR)
+    head_opt = torch.optim.AdamW(head, lr=10 * LR)
+    autocast = _autocast("fp16", device)
+    scaler = torch.amp.GradScaler(device.type, growth_interval=10)
+    with Recorder(model, body_opt, scaler=scaler, autocast=autocast) as rec:
+        for batch in lab_batches(steps, device=device):
+            with autocast:
+                loss = model(**batch).loss
+            scaler.scale(loss).backward()
+            scaler.step(body_opt)
+            if fix != "update_once":
+                scaler.update()  # the bug: an update per optimizer
+            scaler.step(head_opt)
+            scaler.update()
+            body_opt.zero_grad()
+            head_opt.zero_grad()
+            rec.step(loss)
+        return rec.finish()
+
+
+def scale_collapse(fix=None, steps=40, device="auto") -> TrainResult:
+    """A penalty on the length of the token vectors, sqrt(sum(h**2)) with padding masked to
+    0: the gradient of sqrt at 0 is inf, and inf × 0 = NaN at every step, whatever the scale.
+    The scaler skips every step and halves the scale each time (torch issue #99640)."""
+    device = resolve_device(device)
+    model = lab_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    autocast = _autocast("fp16", device)
+    scaler = torch.amp.GradScaler(device.type)
+    eps = 1e-6 if fix == "eps" else 0.0  # the fix: keep sqrt away from 0
+    with Recorder(model, optimizer, scaler=scaler, autocast=autocast) as rec:
+        for batch in lab_batches(steps, device=device):
+            with autocast:
+                out = model(**batch, output_hidden_states=True)
+                tokens = out.hidden_states[-1] * batch["attention_mask"][..., None]
+                lengths = (tokens.float().pow(2).sum(-1) + eps).sqrt()
+                loss = out.loss + 1e-3 * lengths.mean()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            rec.step(loss)
+        return rec.finish()
+
+
+def accumulation_scaler(fix=None, steps=30, device="auto", micro_batches=4) -> TrainResult:
+    """Gradient accumulation over 4 micro-batches with clipping on each: unscale_ twice
+    raises, so the loop below also calls update() on every micro-batch to silence it."""
+    device = resolve_device(device)
+    model = lab_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    autocast = _autocast("fp16", device)
+    scaler = torch.amp.GradScaler(device.type)
+    with Recorder(model, optimizer, scaler=scaler, autocast=autocast, max_grad_norm=1.0) as rec:
+        for batch in lab_batches(steps, batch_size=BATCH * micro_batches, device=device):
+            total = 0.0
+            for i in range(micro_batches):
+                micro = {k: v[i::micro_batches] for k, v in batch.items()}
+                with autocast:
+                    loss = model(**micro).loss / micro_batches
+                scaler.scale(loss).backward()
+                total += loss.detach()
+                last = i == micro_batches - 1
+                if fix == "step_only" and not last:
+                    continue  # the fix: nothing but backward on a micro-batch that does not step
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+                if last:
+                    scaler.step(optimizer)
+                scaler.update()
+            optimizer.zero_grad()
+            rec.step(total)
+        return rec.finish()
+
+
+def accumulation_error() -> str:
+    """What torch says to the same loop without the update() on each micro-batch."""
+    model = lab_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    scaler = torch.amp.GradScaler("cpu")
+    batch = next(lab_batches(1))
+    for _ in range(2):
+        scaler.scale(model(**batch).loss).backward()
+        try:
+            scaler.unscale_(optimizer)
+        except RuntimeError as err:
+            return f"RuntimeError: {err}"
+    return "no error"
+
+
+def fp16_ignored(fix=None, steps=10, path="accelerate") -> TrainResult:
+    """`Accelerator(mixed_precision="fp16")` (or `TrainingArguments(fp16=True)`) on a CPU:
+    no autocast and no scaler are built, and nothing says so."""
+    precision = ("bf16" if has_units("bf16") else "fp32") if fix == "supported" else "fp16"
+    return _train(lab_model(), path=path, precision=precision, steps=steps, device="cpu")
+
+
+def no_units(fix=None, steps=10) -> TrainResult:
+    """fp16 autocast on a CPU: correct, and slow where the CPU has no fp16 units."""
+    precision = "fp32" if fix == "fp32" else "fp16"
+    return _train(lab_model(), precision=precision, steps=steps, device="cpu")
+
+
+def pure_bf16(fix=None, steps=40, device="auto", lr=LR / 10) -> TrainResult:
+    """Weights in bf16 (a bf16 checkpoint loaded as saved, transformers 5's default, or
+    model.to(torch.bfloat16)) and AdamW's states with them: updates smaller than half a
+    bf16 ulp of their weight are rounded away."""
+    device = resolve_device(device)
+    model = lab_model().to(device)
+    if fix != "fp32_master":
+        model.to(torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    if fix in ("kahan", "stochastic"):
+        from mplab.bf16 import LowPrecisionUpdate
+        optimizer = LowPrecisionUpdate(optimizer, rounding=fix, seed=0)
+    autocast = _autocast("bf16", device)
+    with Recorder(model, optimizer, autocast=autocast, precision="bf16") as rec:
+        for batch in lab_batches(steps, device=device):
+            with autocast:
+                loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            rec.step(loss)
+        return rec.finish()
+
+
+# ---- the registry ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Failure:
+    """One failure: the diagnose cause it reproduces (`name`), what a learner sees, the
+    fixes `run` accepts (the first is the one the lesson applies) and the code that runs."""
+
+    name: str
+    title: str
+    symptom: str
+    fixes: tuple[str, ...]
+    runner: Callable[..., TrainResult]
+
+    @property
+    def code(self) -> str:
+        return inspect.getsource(self.runner)
+
+    def run(self, fix: str | None = None, **settings) -> TrainResult:
+        if fix is not None and fix not in self.fixes:
+            raise ValueError(f"{self.name} has no fix {fix!r}; accepted: "
+                             f"{', '.join(map(repr, self.fixes))} or None (the broken run)")
+        return self.runner(fix=fix, **settings)
+
+
+FAILURES = {f.name: f for f in [
+    Failure("fp16_overflow", "NaN from an fp16 activation overflow (T5)",
+            "the loss is NaN from the first step", ("bf16", "fp32_island"), fp16_overflow),
+    Failure("no_scaler", "fp16 without a GradScaler",
+            "the loss hardly moves: the gradients are 0", ("scaler", "bf16"), no_scaler),
+    Failure("clip_before_unscale", "clipping before unscale_",
+            "training runs, the gradient norms are huge", ("unscale_first",),
+            clip_before_unscale),
+    Failure("extra_update", "a second update() in one iteration",
+            "the scale jumps around", ("update_once",), extra_update),
+    Failure("scale_collapse", "the scale collapsing toward 0 (#99640)",
+            "the loss is finite but flat; the scale halves every step", ("eps",),
+            scale_collapse),
+    Failure("fp16_ignored", "fp16 flags ignored on a CPU (Accelerate, Trainer)",
+            "fp16 trains exactly like fp32", ("supported",), fp16_ignored),
+    Failure("no_units", "fp16 autocast on a CPU without fp16 units",
+            "correct, but far slower than fp32", ("fp32",), no_units),
+    Failure("pure_low_precision", "pure bf16 by accident (bf16 weights and optimizer states)",
+            "the loss falls more slowly than fp32's, or stalls",
+            ("fp32_master", "kahan", "stochastic"), pure_bf16),
+    Failure("accumulation_scaler", "gradient accumulation with the scaler done wrongly",
+            "training runs, but learns from one micro-batch in four",
+            ("step_only",), accumulation_scaler),
+]}
+
+
+def run(name: str, fix: str | None = None, **settings) -> TrainResult:
+    """Reproduce failure `name` (a key of FAILURES), or its fixed run with `fix=`."""
+    if name not in FAILURES:
+        raise ValueError(f"unknown failure {name!r}; accepted: {', '.join(FAILURES)}")
+    return FAILURES[name].run(fix, **settings)
