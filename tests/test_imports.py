@@ -21,7 +21,7 @@ NOTEBOOKS = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
 
 #: Modules that are exact arithmetic over torch and stand on their own.
 EXACT = ("mplab.formats", "mplab.explain", "mplab.casts", "mplab.histograms", "mplab.scaler",
-         "mplab.trace")
+         "mplab.trace", "mplab.bf16")
 #: What the exact layer must not import: data, models, training, the lesson fixtures, the UI.
 NOT_FOR_EXACT = ("mplab.data", "mplab.models", "mplab.train", "mplab.lessons", "mplab.widgets",
                  "mplab.exercises", "mplab.grade")
