@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mplab._display import Table
+from mplab.bf16 import LowPrecisionUpdate
 from mplab.data import batches, encode, load_dataset
 from mplab.hardware import has_units, resolve_device
 from mplab.models import lesson_model, lesson_tokenizer
@@ -270,13 +272,16 @@ def pure_bf16(fix=None, steps=40, device="auto", lr=LR / 10) -> TrainResult:
     """Weights in bf16 (a bf16 checkpoint loaded as saved, transformers 5's default, or
     model.to(torch.bfloat16)) and AdamW's states with them: updates smaller than half a
     bf16 ulp of their weight are rounded away."""
+    return _bf16_run(fix, steps, device, lr)[0]
+
+
+def _bf16_run(fix, steps, device, lr):
     device = resolve_device(device)
     model = lab_model().to(device)
     if fix != "fp32_master":
         model.to(torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     if fix in ("kahan", "stochastic"):
-        from mplab.bf16 import LowPrecisionUpdate
         optimizer = LowPrecisionUpdate(optimizer, rounding=fix, seed=0)
     autocast = _autocast("bf16", device)
     with Recorder(model, optimizer, autocast=autocast, precision="bf16") as rec:
@@ -287,7 +292,41 @@ def pure_bf16(fix=None, steps=40, device="auto", lr=LR / 10) -> TrainResult:
             optimizer.step()
             optimizer.zero_grad()
             rec.step(loss)
-        return rec.finish()
+        return rec.finish(), model
+
+
+#: bytes each weight costs in memory, weights and what keeps their updates (AdamW's two
+#: fp32 states, 8 bytes, come on top of every row)
+BF16_FIX_BYTES = {None: 2, "fp32_master": 4, "kahan": 4, "stochastic": 2}
+
+
+def compare_bf16_fixes(steps: int = 40, device="auto", lr: float = LR / 10) -> Table:
+    """Pure bf16 and its three fixes side by side on the same run (model, batches, seed):
+    the loss, the share of stored weights a step left unchanged, and how far each run's
+    weights ended from the fp32-master run's, relative to how far those moved."""
+    start = [p.detach().float().clone() for p in lab_model().parameters()]
+    runs = {fix: _bf16_run(fix, steps, device, lr) for fix in (None, "fp32_master", "kahan",
+                                                                "stochastic")}
+    master = [p.detach().float().cpu() for p in runs["fp32_master"][1].parameters()]
+    moved = sum(float((m - s).pow(2).sum()) for m, s in zip(master, start)) ** 0.5
+    rows = []
+    for fix, (result, model) in runs.items():
+        weights = [p.detach().float().cpu() for p in model.parameters()]
+        off = sum(float((w - m).pow(2).sum()) for w, m in zip(weights, master)) ** 0.5
+        unchanged = [u for u in result.unchanged_weight_fractions if u is not None]
+        last = result.losses[-10:]
+        rows.append({
+            "run": {None: "pure bf16 (the accident)", "fp32_master": "fp32 master weights",
+                    "kahan": "bf16 + Kahan compensation",
+                    "stochastic": "bf16 + stochastic rounding (seed 0)"}[fix],
+            "fix": fix,
+            "bytes per weight": BF16_FIX_BYTES[fix],
+            "mean loss, last 10 steps": sum(last) / len(last),
+            "weights unchanged per step": (sorted(unchanged)[len(unchanged) // 2]
+                                           if unchanged else 0.0),
+            "distance from fp32 master": off / moved if moved else float("nan"),
+        })
+    return Table(rows, title=f"pure bf16 and its fixes: {steps} AdamW steps at lr {lr:g}")
 
 
 # ---- the registry ----------------------------------------------------------------------------

@@ -23,7 +23,8 @@ NOTEBOOKS = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
 EXACT = ("mplab.formats", "mplab.explain", "mplab.casts", "mplab.histograms", "mplab.scaler",
          "mplab.trace", "mplab.bf16")
 #: What the exact layer must not import: data, models, training, the lesson fixtures, the UI.
-NOT_FOR_EXACT = ("mplab.data", "mplab.models", "mplab.train", "mplab.lessons", "mplab.widgets",
+NOT_FOR_EXACT = ("mplab.data", "mplab.models", "mplab.train", "mplab.lessons", "mplab.lab",
+                 "mplab.diagnosis", "mplab.widgets",
                  "mplab.exercises", "mplab.grade")
 
 
