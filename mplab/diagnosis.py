@@ -35,7 +35,7 @@ CAUSES = {
     "diverged": "the weights diverged: the loss became inf/NaN",
     "scale_collapse": "the loss scale collapsed toward 0 (every step skipped)",
     "extra_update": "GradScaler.update() ran more than once per iteration",
-    "accumulation_scaler": "gradient accumulation: the scaler ran on micro-batches that do not step",
+    "accumulation_scaler": "accumulation: the scaler ran on micro-batches that do not step",
     "clip_before_unscale": "gradients clipped before scaler.unscale_()",
     "no_scaler": "fp16 without a GradScaler: gradients underflow to 0",
     "fp16_ignored": "fp16 was asked for but silently ignored",

@@ -102,8 +102,9 @@ class Recorder:
         found = audit(self.model, inner_optimizer(self.optimizer), scaler=self.scaler,
                       result=result, autocast=self.autocast)
         result.audit = found
-        result.param_dtype, result.grad_dtype = found.param_dtype, seen.grad_dtype or found.grad_dtype
-        result.optimizer_state_dtype = found.optimizer_state_dtype
+        result.param_dtype, result.optimizer_state_dtype = (found.param_dtype,
+                                                            found.optimizer_state_dtype)
+        result.grad_dtype = seen.grad_dtype or found.grad_dtype
         result.warnings.extend(found.fallbacks)
         self.remove()
         return result

@@ -1,0 +1,291 @@
+"""mplab.diagnose, the Recorder and the failure lab: every failure the lab reproduces is named by
+diagnose, and its fix makes diagnose stop naming it; the hooks see what torch really did."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import pytest
+import torch
+
+import mplab
+from mplab import lab
+from mplab.diagnosis import CAUSES, Diagnosis, diagnose
+from mplab.train import NonFiniteLossError, Recorder, TrainResult, train
+from mplab.train.watch import ScalerCalls, StepWatch
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@functools.cache
+def lab_run(name: str, fix: str | None = None) -> TrainResult:
+    return lab.run(name, fix=fix)
+
+
+# ---- the lab: reproduce, diagnose, fix --------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(lab.FAILURES))
+def test_diagnose_names_each_lab_failure_and_not_after_its_fix(name):
+    failure = lab.FAILURES[name]
+    broken = diagnose(lab_run(name))
+    assert name in broken, broken
+    assert next(f for f in broken.findings if f.name == name).severity in ("broken", "warning")
+    if name not in ("no_units", "fp16_ignored"):  # those two are the CPU's, not the loop's
+        assert broken.cause == name, broken
+    fixed = diagnose(lab_run(name, failure.fixes[0]))
+    assert name not in fixed, fixed
+    assert not any(f.severity == "broken" for f in fixed.findings), fixed
+
+
+def test_the_accumulation_bug_is_what_torch_refuses_without_the_extra_updates():
+    said = lab.accumulation_error()
+    assert said.startswith("RuntimeError: unscale_() has already been called on this optimizer")
+
+
+def test_the_t5_like_model_overflows_fp16_exactly_where_torch_casts_to_inf():
+    model = lab.lab_model()
+    batch = next(lab.lab_batches(1))
+    before = lab.grow_feed_forward(model, batch, largest=1e5)
+    assert before < 1  # the lab model's own outputs are small
+    seen = []
+    model.bert.encoder.layer[0].output.dense.register_forward_hook(
+        lambda m, a, out: seen.append(out))
+    with torch.no_grad():
+        fp32_loss = model(**batch).loss
+    assert math.isfinite(fp32_loss.item())  # the LayerNorm after it copes in fp32
+    largest = seen[0].abs().max()
+    assert largest.item() == pytest.approx(1e5, rel=1e-4)
+    assert torch.isinf(largest.half())  # torch's own cast: past 65504 is inf
+
+
+def test_the_overflow_run_stops_at_step_one_and_its_fixes_train():
+    broken = lab_run("fp16_overflow")
+    assert broken.stopped and not broken.losses
+    for fix in ("bf16", "fp32_island"):
+        fixed = lab_run("fp16_overflow", fix)
+        assert len(fixed.losses) == 20 and all(map(math.isfinite, fixed.losses))
+
+
+def test_without_a_scaler_most_fp16_gradients_are_zero_and_with_one_few():
+    broken, fixed = lab_run("no_scaler"), lab_run("no_scaler", "scaler")
+    assert min(broken.zero_grad_fractions) > 0.9
+    assert max(fixed.zero_grad_fractions) < 0.5
+    words = " ".join(next(f for f in diagnose(broken).findings if f.name == "no_scaler").evidence)
+    assert f"{sorted(broken.zero_grad_fractions)[15]:.1%}" in words
+
+
+def test_the_clipped_scaled_norms_are_the_scale_times_the_true_ones():
+    broken, fixed = lab_run("clip_before_unscale"), lab_run("clip_before_unscale", "unscale_first")
+    # the first step of both runs sees the same gradients: the norms differ by the scale
+    assert broken.grad_norms[0] / fixed.grad_norms[0] == pytest.approx(broken.scales[0], rel=1e-2)
+
+
+def test_the_scale_halves_every_step_when_the_gradients_are_nan_at_any_scale():
+    result = lab_run("scale_collapse")
+    assert result.skipped_steps == list(range(1, 41))
+    assert result.scales == [2.0**16 * 0.5**k for k in range(1, 41)]
+    assert all(map(math.isfinite, result.losses))
+    evidence = " ".join(diagnose(result).findings[0].evidence)
+    assert "#99640" in evidence and "126 more steps" in evidence  # 2**-24 to 2**-149 is 125+1
+
+
+def test_the_scaler_calls_are_counted_per_iteration():
+    assert {tuple(c.values()) for c in lab_run("extra_update").scaler_calls} == {(2, 2, 2)}
+    assert {tuple(c.values()) for c in lab_run("extra_update", "update_once").scaler_calls} == {
+        (2, 2, 1)}
+    assert {tuple(c.values()) for c in lab_run("accumulation_scaler").scaler_calls} == {(4, 1, 4)}
+
+
+def test_fp16_flags_are_ignored_on_a_cpu_and_the_run_equals_fp32():
+    broken = lab_run("fp16_ignored")
+    assert broken.compute_dtype == torch.float32 and not broken.scales
+    fp32 = lab._train(lab.lab_model(), path="accelerate", precision="fp32", steps=10,
+                      device="cpu")
+    assert broken.losses == fp32.losses
+
+
+@pytest.mark.slow
+def test_pure_bf16_and_its_fixes_side_by_side():
+    table = lab.compare_bf16_fixes(steps=40)
+    rows = {r["fix"]: r for r in table.rows}
+    assert rows["fp32_master"]["distance from fp32 master"] == 0
+    assert rows["fp32_master"]["weights unchanged per step"] == 0
+    assert rows[None]["weights unchanged per step"] > 0.5  # measured 0.79 at lr 1e-4
+    # Kahan keeps what rounding took; stochastic rounding keeps it on average (noisier)
+    assert rows["kahan"]["distance from fp32 master"] < 0.5 * rows[None]["distance from fp32 master"]
+    assert rows["stochastic"]["distance from fp32 master"] < rows[None]["distance from fp32 master"]
+    assert [rows[f]["bytes per weight"] for f in (None, "fp32_master", "kahan", "stochastic")] == [
+        2, 4, 4, 2]
+    again = lab.compare_bf16_fixes(steps=40)  # seeded: the same numbers
+    assert again.rows == table.rows
+
+
+def test_a_compensated_bf16_run_is_a_note_not_a_failure():
+    found = diagnose(lab.pure_bf16("kahan", steps=10))
+    assert found.names == ["compensated_weights"] and found.ok
+
+
+def test_the_lab_rejects_unknown_failures_and_fixes():
+    with pytest.raises(ValueError, match="unknown failure 'nan'; accepted: fp16_overflow"):
+        lab.run("nan")
+    with pytest.raises(ValueError, match="no_scaler has no fix 'kahan'; accepted: 'scaler'"):
+        lab.run("no_scaler", fix="kahan")
+
+
+def test_every_failure_is_a_named_cause_with_its_code():
+    for name, failure in lab.FAILURES.items():
+        assert name in CAUSES
+        assert f"def {failure.runner.__name__}(" in failure.code
+
+
+# ---- diagnose reads every form of the record -------------------------------------------------
+
+def test_diagnose_reads_a_result_its_dict_its_json_and_the_error(tmp_path):
+    result = lab_run("clip_before_unscale")
+    file = tmp_path / "run.json"
+    result.write_json(file)
+    names = diagnose(result).names
+    assert diagnose(str(file)).names == names
+    assert diagnose(file).names == names
+    assert diagnose(json.loads(file.read_text())).names == names
+    assert mplab.diagnose is diagnose
+    with pytest.raises(NonFiniteLossError) as err:
+        model = lab.lab_model()
+        lab.grow_feed_forward(model, next(lab.lab_batches(1)))
+        train(model=model, precision="fp16", steps=3, batch_size=16, progress=False,
+              eval_samples=0)
+    assert diagnose(err.value).cause == "fp16_overflow"
+
+
+def test_diagnose_says_what_it_was_given_and_what_it_reads(tmp_path):
+    with pytest.raises(TypeError, match="got int"):
+        diagnose(3)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        diagnose(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="is not JSON"):
+        diagnose(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="mplab.bench record"):
+        diagnose({"device": "cpu", "rows": []})
+    with pytest.raises(ValueError, match="no 'losses'"):
+        diagnose({"precision": "fp16"})
+
+
+def test_a_healthy_run_is_reported_healthy_and_prints():
+    result = train(model=lab.lab_model(), precision="fp32", steps=5, batch_size=16,
+                   progress=False, eval_samples=0)
+    found = diagnose(result)
+    assert isinstance(found, Diagnosis) and found.ok and found.findings == []
+    assert "nothing wrong found" in str(found)
+    assert "Nothing wrong found" in found._repr_html_()
+    assert found.as_dict() == {"run": found.run, "cause": None, "findings": []}
+
+
+def test_update_twice_is_inferred_from_the_scale_when_calls_were_not_counted():
+    """Two optimizers whose gradients are both inf, each followed by update(): torch backs the
+    scale off twice in one iteration, x0.25, which no single update() can do."""
+    w1, w2 = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    o1, o2 = torch.optim.SGD([w1], lr=0.1), torch.optim.SGD([w2], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    result = TrainResult(path="own loop", precision="fp16", device="cpu", model="two")
+    for _ in range(3):
+        scaler.scale((w1 * w2).sum() * float("inf")).backward()
+        for opt in (o1, o2):
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        result.losses.append(1.0)
+        result.scales.append(scaler.get_scale())
+    assert result.scales == [2.0**14, 2.0**12, 2.0**10]  # torch's own arithmetic
+    found = diagnose(result)
+    assert found.cause == "extra_update"
+    assert "from 16384 to 4096 (×0.25)" in found.findings[0].evidence[0]
+
+
+# ---- the hooks see what torch did, and change nothing ----------------------------------------
+
+def _fp16_steps(record: bool, init_scale=2.0**16, steps=4):
+    model = lab.lab_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    autocast = torch.autocast("cpu", dtype=torch.float16)
+    rec = Recorder(model, opt, scaler=scaler, autocast=autocast) if record else None
+    torch_scales, torch_skips = [], []
+    for step, batch in enumerate(lab.lab_batches(steps), 1):
+        with autocast:
+            loss = model(**batch).loss
+        scaler.scale(loss).backward()
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        if scaler.get_scale() < before:  # torch backs off exactly when it skipped
+            torch_skips.append(step)
+        torch_scales.append(scaler.get_scale())
+        if rec:
+            rec.step(loss)
+    return (rec.finish() if rec else None), model, torch_scales, torch_skips
+
+
+def test_the_recorder_changes_nothing_and_sees_torchs_skips():
+    result, model, scales, skips = _fp16_steps(True, init_scale=2.0**40)
+    _, plain, _, _ = _fp16_steps(False, init_scale=2.0**40)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), plain.parameters()))
+    assert result.scales == scales and result.skipped_steps == skips and skips
+    assert result.compute_dtype == torch.float16 and result.param_dtype == torch.float32
+    assert result.config["init_scale"] == 2.0**40 and result.config["scaler"] == "torch"
+
+
+def test_the_step_watch_counts_zeros_and_unchanged_weights_as_torch_computes_them():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    watch = StepWatch(model, opt)
+    out = model(torch.tensor([1, 2])).sum()
+    out.backward()
+    linear = model[1]
+    linear.weight.grad[0] = 0  # one row of zeros, by hand
+    expected = ((linear.weight.grad == 0).sum() + (linear.bias.grad == 0).sum()).item() / 15
+    opt.step()
+    zeros, unchanged = watch.measure()
+    assert zeros == pytest.approx(expected) and unchanged is None  # fp32: nothing to swamp
+    watch.remove()
+    model.to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)  # 1e-6 is far below half a bf16 ulp
+    watch = StepWatch(model, opt)
+    model(torch.tensor([1, 2])).float().sum().backward()
+    opt.step()
+    assert watch.measure()[1] == 1.0
+
+
+def test_scaler_calls_wrap_and_unwrap_the_instance():
+    scaler = torch.amp.GradScaler("cpu")
+    calls = ScalerCalls(scaler)
+    scaler.get_scale()
+    assert calls.counts() == {"unscale_": 0, "step": 0, "update": 0}
+    calls.remove()
+    assert "update" not in scaler.__dict__
+
+
+def test_mplab_train_records_the_watch_for_fp16_only():
+    fp16 = train(model=lab.lab_model(), precision="fp16", steps=3, batch_size=16,
+                 progress=False, eval_samples=0, device="cpu")
+    fp32 = train(model=lab.lab_model(), precision="fp32", steps=3, batch_size=16,
+                 progress=False, eval_samples=0, device="cpu")
+    assert len(fp16.zero_grad_fractions) == 3 and fp32.zero_grad_fractions == []
+    assert fp32.unchanged_weight_fractions == [] and fp16.has_units in (True, False)
+    again = TrainResult.from_dict(fp16.as_dict())
+    assert again.zero_grad_fractions == fp16.zero_grad_fractions
+
+
+def test_the_recorder_rejects_what_it_cannot_watch():
+    model = lab.lab_model()
+    with pytest.raises(TypeError, match="torch.nn.Module, got str"):
+        Recorder("model", None)
+    with pytest.raises(TypeError, match="torch optimizer"):
+        Recorder(model, object())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="precision 'fp8'"):
+        Recorder(model, opt, precision="fp8")
