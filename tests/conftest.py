@@ -50,6 +50,10 @@ def notebook_names(xid: str) -> dict:
         from mplab import lessons  # the notebook's cap = lessons.lesson_capture() (cached)
 
         names["cap"] = lessons.lesson_capture()
+    if xid.startswith("7."):
+        from mplab import hardware  # lesson 7 imports it for the benchmark's header
+
+        names["hardware"] = hardware
     return names
 
 

@@ -1,0 +1,444 @@
+"""Lesson 7, will mixed precision help, and why did my run break: the exercises.
+
+    from mplab.exercises import lesson7 as ex
+    ex.check("7.1", answer); ex.hint("7.1"); ex.solution("7.1")
+
+The references are the machine at hand (which units its CPU has, mplab.hardware), the failure
+lab's real runs read by mplab.diagnose, torch's GradScaler driving a correct accumulation loop,
+and torch's own bf16 casts for the rounding a learner writes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from mplab import lab
+from mplab._display import Table
+from mplab.diagnosis import CAUSES, diagnose
+from mplab.exercises import (
+    Exercise,
+    Incorrect,
+    Lesson,
+    call,
+    cell,
+    choice_list,
+    is_blank,
+    need_function,
+    python_block,
+)
+from mplab.hardware import has_units
+
+
+def _choice(answer, choices) -> str:
+    if not isinstance(answer, str) or answer.strip().lower() not in choices:
+        raise Incorrect("Answer with one letter: " + ", ".join(f'"{k}"' for k in choices)
+                        + f"; got {answer!r:.40}.")
+    return answer.strip().lower()
+
+
+# --- 7.1 why bf16 loses at the lesson size ----------------------------------------------------
+
+CHOICES_7_1 = {
+    "a": "This CPU has no bf16 arithmetic units, so every bf16 matmul is emulated.",
+    "b": "The matrices are too small: converting to bf16 and back costs more than the faster "
+         "matmul saves.",
+    "c": "bf16 needs a GradScaler, and scaling costs a pass over every gradient.",
+    "d": "bf16 has fewer mantissa bits, so the optimizer needs more steps.",
+}
+
+
+def right_7_1() -> str:
+    """The answer on the machine at hand: no units (a), else too small (b)."""
+    return "b" if has_units("bf16") else "a"
+
+
+def _check_7_1(answer) -> str | None:
+    letter = _choice(answer, CHOICES_7_1)
+    right = right_7_1()
+    if letter == right:
+        return None
+    if letter in ("a", "b"):
+        return ("Look at this machine first: the benchmark's header (mplab.hardware.describe) "
+                "says whether the CPU has bf16 units, and so does the larger model's row: "
+                "with units it gets faster as the matrices grow, without them it never does.")
+    return {"c": "bf16 has fp32's exponent range: it needs no GradScaler, and the lesson's "
+                 "bf16 rows use none (lesson 3).",
+            "d": "The benchmark times steps, not steps to a given loss: fewer mantissa bits "
+                 "do not change how long one step takes."}[letter]
+
+
+# --- 7.2 read the records ---------------------------------------------------------------------
+
+MYSTERY = {"A": "extra_update", "B": "clip_before_unscale", "C": "no_scaler"}
+
+
+@functools.cache
+def _mystery_runs() -> dict:
+    return {key: lab.run(name) for key, name in MYSTERY.items()}
+
+
+def mystery_records() -> Table:
+    """Three broken runs of the failure lab, by letter, with the figures that tell them apart
+    (nothing said of their cause)."""
+    rows = []
+    for key, r in _mystery_runs().items():
+        calls = r.scaler_calls[0] if r.scaler_calls else {}
+        zeros = [z for z in r.zero_grad_fractions if z is not None]
+        rows.append({
+            "run": key,
+            "scaler": "yes" if r.scales else "none",
+            "scale at the end": r.scales[-1] if r.scales else "-",
+            "skipped steps": len(r.skipped_steps),
+            "median gradient norm": (sorted(r.grad_norms)[len(r.grad_norms) // 2]
+                                     if r.grad_norms else "-"),
+            "zero gradient entries": f"{sorted(zeros)[len(zeros) // 2]:.1%}" if zeros else "-",
+            "unscale_ / step / update per iteration": (
+                f"{calls['unscale_']} / {calls['step']} / {calls['update']}" if calls else "-"),
+        })
+    return Table(rows, title="three broken fp16 runs of the lab model")
+
+
+def _check_7_2(answer) -> str | None:
+    if not isinstance(answer, dict):
+        raise Incorrect(f"Give a dict from run letter to cause name, like "
+                        f"{{\"A\": \"no_units\"}}; got {type(answer).__name__}.")
+    keys = {str(k).strip().upper(): v for k, v in answer.items()}
+    if set(keys) != set(MYSTERY):
+        return f"Name a cause for each of the runs {sorted(MYSTERY)} (got {sorted(keys)})."
+    unknown = [v for v in keys.values() if v not in CAUSES]
+    if unknown:
+        return (f"{unknown[0]!r} is not a cause diagnose names; use the names of "
+                "mplab.diagnosis.CAUSES (listed above).")
+    wrong = [k for k in sorted(MYSTERY) if keys[k] != diagnose(_mystery_runs()[k]).cause]
+    if not wrong:
+        return None
+    k = wrong[0]
+    return (f"{len(wrong)} of 3 wrong, among them run {k}. Which column of run {k}'s row "
+            "stands out against the others? Each cause leaves one figure no healthy run has.")
+
+
+# --- 7.3 accumulation with a scaler -----------------------------------------------------------
+
+BUGGY_7_3 = '''\
+def train_step(model, optimizer, scaler, micro_batches, autocast):
+    for micro in micro_batches:
+        with autocast:
+            loss = model(**micro).loss / len(micro_batches)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        if micro is micro_batches[-1]:
+            scaler.step(optimizer)
+        scaler.update()
+    optimizer.zero_grad()'''
+
+
+def _reference_7_3(model, optimizer, scaler, micro_batches, autocast, unscale=True) -> None:
+    for micro in micro_batches:
+        with autocast:
+            loss = model(**micro).loss / len(micro_batches)
+        scaler.scale(loss).backward()
+    if unscale:
+        scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+
+
+def _run_7_3(step, steps: int = 2):
+    """`steps` optimizer steps of 2 micro-batches of 8 on the lab model, fp16 autocast on the
+    CPU, watched by a Recorder; the weights after, and the record."""
+    from mplab.train import Recorder
+
+    model = lab.lab_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    autocast = torch.autocast("cpu", dtype=torch.float16)
+    with Recorder(model, optimizer, scaler=scaler, autocast=autocast, max_grad_norm=1.0) as rec:
+        for batch in lab.lab_batches(steps, batch_size=16):
+            micro = [{k: v[i::2] for k, v in batch.items()} for i in range(2)]
+            step(model, optimizer, scaler, micro, autocast)
+            rec.step(0.0)
+        return [p.detach().clone() for p in model.parameters()], rec.finish()
+
+
+@functools.cache
+def _reference_weights(unscale: bool = True):
+    return _run_7_3(functools.partial(_reference_7_3, unscale=unscale))[0]
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a, b))
+
+
+def _check_7_3(fn) -> str | None:
+    need_function(fn, "7.3", "train_step")
+    try:
+        weights, result = _run_7_3(fn)
+    except RuntimeError as err:
+        if "unscale_() has already been called" in str(err):
+            return ("torch refused: unscale_() ran twice before an update(). Each micro-batch "
+                    "that does not step should only add its gradients.")
+        raise Incorrect(f"train_step raised RuntimeError: {err}", status="error") from None
+    except Exception as err:
+        raise Incorrect(f"train_step raised {type(err).__name__}: {err}",
+                        status="error") from None
+    calls = result.scaler_calls[0]
+    if calls["update"] > 1 or calls["unscale_"] > 1:
+        return (f"The scaler still ran unscale_ {calls['unscale_']}× and update "
+                f"{calls['update']}× for one optimizer step: diagnose says "
+                f"\"{CAUSES['accumulation_scaler']}\".")
+    if calls["step"] != 1:
+        return (f"scaler.step ran {calls['step']}× in one call: the optimizer steps once, after "
+                "the last micro-batch.")
+    if _same(weights, _reference_weights()):
+        return None
+    if _same(weights, _reference_weights(unscale=False)):
+        return ("The scaler's calls are right, but the gradients are not unscaled before "
+                "clipping (scaler.step does it too late for clip_grad_norm_): keep the clip, "
+                "on the true gradients.")
+    return ("After 2 steps your weights differ from a correct loop's: keep the same loss, "
+            "the clip at max_norm=1.0 and AdamW; only where the scaler's calls go changes.")
+
+
+def _blank_7_3(fn) -> bool:
+    if is_blank(fn) or not callable(fn):
+        return is_blank(fn)
+    model = torch.nn.Linear(2, 2)
+    try:
+        return fn(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                  torch.amp.GradScaler("cpu"), [], torch.autocast("cpu", enabled=False)) is ...
+    except Exception:
+        return False
+
+
+# --- 7.4 stochastic rounding ------------------------------------------------------------------
+
+def _neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16's representable values just below and just above each fp32 value (torch casts)."""
+    near = x.to(torch.bfloat16)
+    toward = torch.where(near.float() > x, torch.tensor(-float("inf")),
+                         torch.tensor(float("inf"))).to(torch.bfloat16)
+    other = torch.nextafter(near, toward)
+    low = torch.minimum(near.float(), other.float())
+    high = torch.maximum(near.float(), other.float())
+    exact = near.float() == x
+    return torch.where(exact, x, low), torch.where(exact, x, high)
+
+
+def _probe_7_4():
+    g = torch.Generator().manual_seed(7)
+    x = (torch.rand(4096, generator=g) * 2 - 1) * 3.0
+    return x, torch.Generator().manual_seed(0)
+
+
+def _check_7_4(fn) -> str | None:
+    need_function(fn, "7.4", "round_stochastic")
+    x, gen = _probe_7_4()
+    out = call(fn, x.clone(), gen, what="round_stochastic(x, generator)")
+    if not isinstance(out, torch.Tensor):
+        return f"round_stochastic must return a tensor; it returned {type(out).__name__}."
+    if out.dtype != torch.bfloat16:
+        return f"The result is {out.dtype}: return the bf16 tensor (the rounded weights)."
+    if out.shape != x.shape:
+        return f"The result's shape {tuple(out.shape)} is not the input's {tuple(x.shape)}."
+    low, high = _neighbours(x)
+    got = out.float()
+    if not bool(((got == low) | (got == high)).all()):
+        return ("Some results are neither of the two bf16 numbers around their input: round "
+                "only the bits bf16 drops (the low 16 of an fp32).")
+    if bool((got == x.to(torch.bfloat16).float()).all()):
+        return ("Every value went to its nearest bf16 neighbour: that is a plain cast, "
+                "x.to(torch.bfloat16). The randomness is missing.")
+    exact = torch.tensor([1.0, -2.5, 0.0, 3.140625])
+    kept = call(fn, exact.clone(), torch.Generator().manual_seed(1),
+                what="round_stochastic(x, generator)")
+    if not torch.equal(kept.float(), exact):
+        return "Values bf16 holds exactly must stay as they are."
+    # Unbiased: the mean of many roundings of one value is that value.
+    value = torch.full((20000,), 1.0 + 2**-9)  # a quarter of the gap from 1 (gap 2**-7)
+    mean = call(fn, value, torch.Generator().manual_seed(2),
+                what="round_stochastic(x, generator)").float().mean().item()
+    std = (0.25 * 0.75 / 20000) ** 0.5 * 2**-7
+    if abs(mean - value[0].item()) > 5 * std:
+        return (f"Rounded 20,000 times, 1 + 2**-9 averages {mean:.7f}, not {value[0].item():.7f}:"
+                " the chance of rounding up must be the value's distance from the lower "
+                "neighbour over the gap between the two.")
+    again = call(fn, x.clone(), torch.Generator().manual_seed(0),
+                 what="round_stochastic(x, generator)")
+    if not torch.equal(again, out):
+        return ("The same generator seed gave different results: draw the random numbers "
+                "from the generator you are given, so a run is reproducible.")
+    return None
+
+
+def _blank_7_4(fn) -> bool:
+    if is_blank(fn) or not callable(fn):
+        return is_blank(fn)
+    try:
+        return fn(torch.ones(2), torch.Generator()) is ...
+    except Exception:
+        return False
+
+
+# --- 7.5 the fix for an overflow --------------------------------------------------------------
+
+CHOICES_7_5 = {
+    "a": "A GradScaler with a lower init_scale, e.g. 2**11.",
+    "b": "bf16 autocast, or that layer in fp32 inside the fp16 autocast (an fp32 island).",
+    "c": "A lower learning rate.",
+    "d": "Gradient clipping at max_norm=1.0.",
+}
+
+WHY_NOT_7_5 = {
+    "a": "A scaler multiplies the loss *after* the forward pass. Here the forward pass itself "
+         "overflows: the loss is NaN before any scaling.",
+    "c": "The loss is NaN at step 1, before the learning rate has moved any weight.",
+    "d": "Clipping acts on gradients; the overflow is an activation in the forward pass.",
+}
+
+
+def _check_7_5(answer) -> str | None:
+    letter = _choice(answer, CHOICES_7_5)
+    return None if letter == "b" else WHY_NOT_7_5[letter]
+
+
+# --- the exercises ----------------------------------------------------------------------------
+
+EXERCISES = {e.id: e for e in [
+    Exercise(
+        id="7.1", title="Why bf16 loses at the lesson size",
+        prompt="In your benchmark above, bf16 trains the lesson model (hidden 128, 2 layers) "
+               "no faster than fp32 on this CPU, or slower. Why? The check compares your "
+               "answer with what this machine has (its CPU's units).\n\n"
+               + choice_list(CHOICES_7_1),
+        starter=cell("7.1: why bf16 does not pay at the lesson size here",
+                     "answer = ...  # \"a\", \"b\", \"c\" or \"d\"", "7.1"),
+        solution_code=cell("7.1: why bf16 does not pay at the lesson size here",
+                           "answer = \"b\" if hardware.has_units(\"bf16\") else \"a\"", "7.1"),
+        check=_check_7_1,
+        hints=(
+            "Two things can make bf16 slow on a CPU: hardware that cannot do it, and work too "
+            "small to repay the conversions. The benchmark's header and its larger sizes "
+            "tell them apart.",
+            "mplab.hardware.describe() (the header) names the CPU's bf16 units; the "
+            "512-hidden row shows what bf16 does once the matrices are bigger.",
+            "With bf16 units present, the size is to blame; without them, the hardware.",
+        )),
+    Exercise(
+        id="7.2", title="Read three broken runs",
+        prompt="The table below (printed by `ex.mystery_records()`) shows three broken fp16 "
+               "runs of the lab model, A, B and C, by the figures the recorder saw. Name the "
+               "cause of each, without calling `mplab.diagnose`, as a dict from letter to a "
+               "cause name of `mplab.diagnosis.CAUSES`:\n\n"
+               + "\n".join(f"- `{name}`: {title}" for name, title in CAUSES.items()
+                           if name in ("extra_update", "clip_before_unscale", "no_scaler",
+                                       "scale_collapse", "accumulation_scaler", "fp16_overflow"))
+               + "\n\nThe check runs diagnose on the same three runs.",
+        starter=cell("7.2: the cause of each broken run",
+                     "answer = {\"A\": ..., \"B\": ..., \"C\": ...}  # cause names", "7.2"),
+        solution_code=cell("7.2: the cause of each broken run",
+                           "answer = {\"A\": \"extra_update\", \"B\": \"clip_before_unscale\",\n"
+                           "          \"C\": \"no_scaler\"}", "7.2"),
+        check=_check_7_2,
+        blank=lambda a: is_blank(a) or (isinstance(a, dict) and all(
+            v is ... for v in a.values())),
+        hints=(
+            "Each cause leaves one figure a healthy run does not have: a count of calls, a "
+            "norm out of all proportion, or gradients that are mostly zero.",
+            "A healthy fp16 run calls unscale_, step and update once per iteration, clips "
+            "norms of order 1, has a scaler, and few zero gradients.",
+            "Two update() per iteration; a norm near the scale (65536); no scaler and 99 % "
+            "zeros.",
+        )),
+    Exercise(
+        id="7.3", title="Accumulate with a scaler",
+        prompt="This step accumulates gradients over micro-batches and clips at 1.0, but it "
+               "runs the scaler on every micro-batch (its author added `scaler.update()` to "
+               "silence torch's \"unscale_() has already been called\" error):\n\n"
+               + python_block(BUGGY_7_3)
+               + "\n\nWrite a correct `train_step(model, optimizer, scaler, micro_batches, "
+               "autocast)`: the same loss, clip and optimizer step, with each scaler call "
+               "where it belongs. The check trains the lab model 2 steps of 2 micro-batches "
+               "with a Recorder watching, and compares the weights with a correct loop's.",
+        starter=cell("7.3: gradient accumulation with a GradScaler, done right",
+                     "def train_step(model, optimizer, scaler, micro_batches, autocast):\n"
+                     "    return ...  # fix the loop above", "7.3", arg="train_step"),
+        solution_code=cell(
+            "7.3: gradient accumulation with a GradScaler, done right",
+            "def train_step(model, optimizer, scaler, micro_batches, autocast):\n"
+            "    for micro in micro_batches:\n"
+            "        with autocast:\n"
+            "            loss = model(**micro).loss / len(micro_batches)\n"
+            "        scaler.scale(loss).backward()  # micro-batches only add gradients\n"
+            "    scaler.unscale_(optimizer)  # once, before clipping the summed gradients\n"
+            "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\n"
+            "    scaler.step(optimizer)\n"
+            "    scaler.update()\n"
+            "    optimizer.zero_grad()", "7.3", arg="train_step"),
+        check=_check_7_3, blank=_blank_7_3,
+        hints=(
+            "One optimizer step, one unscale_, one step, one update: a micro-batch that does "
+            "not step only adds its scaled gradients.",
+            "Move everything after backward() out of the micro-batch loop.",
+            "for micro in micro_batches: forward, scaler.scale(loss).backward(); then "
+            "unscale_, clip, step, update, zero_grad once.",
+        )),
+    Exercise(
+        id="7.4", title="Stochastic rounding by hand",
+        prompt="Write `round_stochastic(x, generator)`: round the fp32 tensor `x` to bf16 "
+               "*stochastically*, to the bf16 number just above with a probability equal to "
+               "x's distance from the one just below divided by the gap between them (so the "
+               "mean of many roundings is x), drawing random numbers only from `generator` "
+               "(a `torch.Generator`). Return the bf16 tensor. The check compares every "
+               "result with torch's two bf16 neighbours of its input, averages 20,000 "
+               "roundings, and repeats a seed.",
+        starter=cell("7.4: stochastic rounding from fp32 to bf16",
+                     "def round_stochastic(x, generator):\n"
+                     "    return ...  # a bf16 tensor", "7.4", arg="round_stochastic"),
+        solution_code=cell(
+            "7.4: stochastic rounding from fp32 to bf16",
+            "def round_stochastic(x, generator):\n"
+            "    bits = x.contiguous().view(torch.int32)\n"
+            "    noise = torch.randint(0, 2**16, x.shape, generator=generator,\n"
+            "                          dtype=torch.int32)\n"
+            "    # adding below the kept bits carries into them with the right chance\n"
+            "    rounded = (bits + noise) & -65536\n"
+            "    return rounded.view(torch.float32).to(torch.bfloat16)  # exact: low bits 0",
+            "7.4", arg="round_stochastic"),
+        check=_check_7_4, blank=_blank_7_4,
+        hints=(
+            "bf16 is the top 16 bits of an fp32: rounding drops the low 16. Stochastic "
+            "rounding rounds up with the chance those dropped bits make of the gap.",
+            "View the fp32 tensor as int32 (x.view(torch.int32)), add a random integer in "
+            "[0, 2**16) from torch.randint(..., generator=generator), clear the low 16 bits.",
+            "(bits + noise) & -65536, viewed back as float32, then .to(torch.bfloat16).",
+        )),
+    Exercise(
+        id="7.5", title="The fix for an activation overflow",
+        prompt="A model pretrained in bf16 gives a NaN loss at the first fp16 step: a "
+               "feed-forward output reaches 100,000 (section 3's T5-like model). Which fix "
+               "works?\n\n" + choice_list(CHOICES_7_5),
+        starter=cell("7.5: the fix for an fp16 activation overflow",
+                     "answer = ...  # \"a\", \"b\", \"c\" or \"d\"", "7.5"),
+        solution_code=cell("7.5: the fix for an fp16 activation overflow",
+                           "answer = \"b\"", "7.5"),
+        check=_check_7_5,
+        hints=(
+            "Where does the overflow happen: in the forward pass or the backward pass?",
+            "A GradScaler and clipping act on gradients; the learning rate on updates. The "
+            "value here is an activation.",
+            "Give that activation a format whose range holds 100,000.",
+        )),
+]}
+
+LESSON = Lesson(7, list(EXERCISES.values()))
+check = LESSON.check
+hint = LESSON.hint
+solution = LESSON.solution
+exercise_cells = LESSON.exercise_cells
+cells = LESSON.cells
+task_markdown = LESSON.task_markdown

@@ -1,0 +1,108 @@
+"""Lesson 7's checks say why a wrong answer is wrong, from the machine and the real runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import run_cell
+from mplab import hardware
+from mplab.exercises import lesson7 as ex
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def message(xid, answer):
+    ex.LESSON.reset()
+    return ex.check(xid, answer).message
+
+
+def test_7_1_the_right_answer_follows_this_cpus_units():
+    right = "b" if hardware.has_units("bf16") else "a"
+    assert ex.check("7.1", right).passed
+    wrong = "a" if right == "b" else "b"
+    assert "bf16 units" in message("7.1", wrong)
+    assert "GradScaler" in message("7.1", "c")
+
+
+def test_7_2_the_mystery_runs_are_what_diagnose_says_and_a_swap_is_caught():
+    from mplab.diagnosis import diagnose
+
+    runs = ex._mystery_runs()
+    assert {k: diagnose(r).cause for k, r in runs.items()} == ex.MYSTERY
+    table = ex.mystery_records()
+    assert [r["run"] for r in table.rows] == ["A", "B", "C"]
+    assert table.rows[0]["unscale_ / step / update per iteration"] == "2 / 2 / 2"
+    assert table.rows[2]["scaler"] == "none"
+    swapped = {"A": "clip_before_unscale", "B": "extra_update", "C": "no_scaler"}
+    assert message("7.2", swapped).startswith("2 of 3 wrong, among them run A")
+    assert "not a cause" in message("7.2", {"A": "nan", "B": "x", "C": "y"})
+
+
+def _buggy():
+    namespace = {}
+    exec("import torch\n" + ex.BUGGY_7_3, namespace)
+    return namespace["train_step"]
+
+
+def test_7_3_the_buggy_loop_fails_with_the_counted_calls_and_no_clip_is_caught():
+    assert "unscale_ 2× and update 2×" in message("7.3", _buggy())
+
+    def no_unscale(model, optimizer, scaler, micro_batches, autocast):
+        for micro in micro_batches:
+            with autocast:
+                loss = model(**micro).loss / len(micro_batches)
+            scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+
+    assert "not unscaled before clipping" in message("7.3", no_unscale)
+
+
+def test_7_3_unscale_twice_is_torchs_refusal():
+    def twice(model, optimizer, scaler, micro_batches, autocast):
+        for micro in micro_batches:
+            with autocast:
+                loss = model(**micro).loss
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+
+    assert "torch refused" in message("7.3", twice)
+
+
+def test_7_4_a_plain_cast_and_a_biased_rounding_are_caught():
+    assert "plain cast" in message("7.4", lambda x, g: x.to(torch.bfloat16))
+
+    def always_up(x, g):  # up whenever any dropped bit is set: every result a neighbour
+        bits = x.contiguous().view(torch.int32)
+        return ((bits + 0xFFFF) & -65536).view(torch.float32).to(torch.bfloat16)
+
+    assert "averages" in message("7.4", always_up)
+
+    def unseeded(x, g):
+        noise = torch.randint(0, 2**16, x.shape, dtype=torch.int32)
+        return ((x.view(torch.int32) + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+
+    assert "same generator seed" in message("7.4", unseeded)
+
+
+def test_7_4_the_reference_agrees_with_mplabs_stochastic_round_in_distribution():
+    from mplab.bf16 import stochastic_round
+
+    _, namespace = run_cell(ex.EXERCISES["7.4"].solution_code, ex=ex)
+    mine = namespace["round_stochastic"]
+    x = torch.full((20000,), 1.0 + 3 * 2**-10)  # 3/8 of the way from 1 to the next bf16
+    ours = mine(x, torch.Generator().manual_seed(0)).float()
+    theirs = stochastic_round(x, generator=torch.Generator().manual_seed(0)).float()
+    for r in (ours, theirs):
+        assert set(r.unique().tolist()) == {1.0, 1.0 + 2**-7}
+        assert (r > 1).float().mean().item() == pytest.approx(3 / 8, abs=0.02)
+
+
+def test_7_5_each_wrong_fix_says_why():
+    assert "forward pass itself" in message("7.5", "a")
+    assert "step 1" in message("7.5", "c")
