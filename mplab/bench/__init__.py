@@ -4,14 +4,27 @@
     bench.matmul_speed()                  # lesson 1: one matmul per precision
     bench.training_speed()                # lesson 4: a few training steps per precision
     python -m mplab.bench --quick         # the whole matrix: matmul and model-size sweeps
+    record = bench.lesson_bench()         # lesson 7: the same record, in seconds
+    bench.bench_plot(record)              # speed-up against model size, and memory
+    bench.compare_with_reference(record, bench.reference_results())
 
 `speed` holds the lessons' tables; `sweep` the CLI's measurements (`BenchRow`s), `peaks` the
-FLOPs and datasheet peaks behind utilisation, `why` the words, `plot` the figure.
+FLOPs and datasheet peaks behind utilisation, `why` the words, `record` one run as the record
+the CLI prints and `--json` writes, `reference` other machines' records beside it, `plot` the
+figure.
 """
 
 from mplab.hardware import UNITS, cpu_features, describe, has_units, resolve_device
 
 from .peaks import DATASHEET_TFLOPS, datasheet_gpu, datasheet_peak, mfu, training_flops
+from .record import lesson_bench, run_plan
+from .reference import (
+    REFERENCE_DIR,
+    compare_with_reference,
+    explain_reference,
+    reference_filename,
+    reference_results,
+)
 from .speed import (
     BIGGER_SIZE,
     LESSON_SIZE,
@@ -30,4 +43,13 @@ __all__ = ["MatmulTiming", "time_matmul", "matmul_speed", "explain_matmul_speed"
            "BenchRow", "Plan", "matmul_sweep", "model_sweep", "crossover", "explain_row",
            "targets", "DATASHEET_TFLOPS", "datasheet_gpu", "datasheet_peak", "mfu",
            "training_flops", "UNITS", "cpu_features", "describe", "has_units",
-           "resolve_device"]
+           "resolve_device", "lesson_bench", "run_plan", "REFERENCE_DIR", "reference_results",
+           "reference_filename", "compare_with_reference", "explain_reference", "bench_plot"]
+
+
+def __getattr__(name: str):
+    if name == "bench_plot":  # matplotlib loads only when a figure is asked for
+        from .plot import bench_plot
+
+        return bench_plot
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

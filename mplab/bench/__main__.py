@@ -7,16 +7,16 @@ Measures fp32 against bf16 and fp16 (and tf32 on a GPU), side by side in one run
 sweep (sizes that are and are not multiples of 8), then the lesson transformer's training step
 through `mplab.train` from the lesson model up to sizes where low precision pays (and on a GPU
 a >= 100M-parameter model). Prints a table, each row's explanation, the crossover and the
-targets; `--json` writes {"device", "rows": [...]}, `--plot` the speed-up and memory figure.
+targets; `--json` writes the record (`mplab.bench.record`): {"device", "rows": [...], "crossover",
+"targets", "meta": {date, device, versions, command, preset}, ...}, `--plot` the speed-up and
+memory figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,8 +24,8 @@ import torch
 from mplab._display import Table
 from mplab.hardware import describe, resolve_device
 
-from .sweep import Plan, best_gflops, matmul_sweep, model_sweep
-from .why import crossover, explain_row, targets
+from .record import cli_command, run_plan
+from .sweep import Plan
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -34,10 +34,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="few sizes and steps (a CPU run takes under a minute)")
     p.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
-    p.add_argument("--json", metavar="FILE", help="write the rows as JSON to FILE")
+    p.add_argument("--json", metavar="FILE",
+                   help="write the record (rows, crossover, targets, meta) as JSON to FILE")
     p.add_argument("--plot", metavar="FILE", help="write the speed-up and memory figure (PNG)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the tests' sizes
+    p.add_argument("--lesson", action="store_true", help=argparse.SUPPRESS)  # lesson 7's plan
     args = p.parse_args(argv)
+    args.command = cli_command(sys.argv[1:] if argv is None else list(argv))
     if args.device.lower() not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):
         p.error(f"--device {args.device!r}: accepted: auto, cpu, cuda")
     for flag in ("json", "plot"):
@@ -48,84 +51,70 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Measure, explain, print; return what --json writes."""
-    started = time.perf_counter()
+    """Measure, explain and record (`record.run_plan`, lesson 7's path too), then print the
+    record; return what --json writes."""
     dev = resolve_device(args.device)
-    plan = Plan.for_device(dev.type, quick=args.quick, tiny=args.tiny)
+    plan = Plan.for_device(dev.type, quick=args.quick, tiny=args.tiny,
+                           lesson=getattr(args, "lesson", False))
     print(f"mplab.bench on {describe(dev.type)}; torch {torch.__version__}")
-    print(f"{'quick' if args.quick else 'full'} run: precisions {', '.join(plan.precisions)}; "
+    print(f"{plan.name} run: precisions {', '.join(plan.precisions)}; "
           f"{plan.steps} training steps per row (the first is warm-up)\n", flush=True)
 
     def progress(row):
         print(f"  {row.workload:<28} {row.precision:<5} {row.throughput:10.1f} {row.unit}",
               flush=True)
 
-    matmuls = matmul_sweep(plan, progress)
-    reference = best_gflops(matmuls)
-    trained = model_sweep(plan, reference, progress)
-    rows = matmuls + trained
-    for row in rows:
-        row.explanation = explain_row(row, rows, dev.type)
+    result = run_plan(plan, progress, command=getattr(args, "command", None))
+    report(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        from .plot import bench_plot
+
+        bench_plot(result).savefig(args.plot)
+        print(f"wrote {args.plot}")
+    return result
+
+
+def report(result: dict) -> None:
+    """Print a record: the table, each row's why, the skips, MFU, crossover and targets."""
+    rows, cuda = result["rows"], result["device_type"] == "cuda"
     print()
-    print(Table([_printed(r) for r in rows],
-                title=f"mixed precision on {describe(dev.type)}"))
+    print(Table([_printed(r) for r in rows], title=f"mixed precision on {result['device']}"))
     print("\nWhy:")
     for r in rows:
-        if r.explanation:
-            print(f"  {r.workload}, {r.precision}: {r.explanation}.")
-    for note in plan.skipped:
+        if r["explanation"]:
+            print(f"  {r['workload']}, {r['precision']}: {r['explanation']}.")
+    for note in result["skipped"]:
         print(f"  {note}")
     print("\nUtilisation (MFU): model FLOPs per step = 6 × (parameters in matmuls) × tokens + "
           "12 × layers × hidden × sequence length × tokens (forward + backward), over the "
           "step's time, against "
-          + ("the GPU's datasheet peak in that precision." if dev.type == "cuda" else
+          + ("the GPU's datasheet peak in that precision." if cuda else
              "the best matmul throughput measured on this machine in that precision (the "
              "matmul sweep above): a CPU publishes no peak per precision. On a CPU both are "
              "timed on one thread, so that a busy second core cannot stall them."))
     print("\nWill it help? The crossover (smallest size where low precision beats fp32 by "
           "10 % or more):")
-    found = [crossover(rows, p, dev.type) for p in plan.precisions
-             if p != "fp32" and any(r.kind == "model" and r.precision == p for r in trained)]
-    for c in found:
+    for c in result["crossover"]:
         print(f"  {c['text']}")
     print("\nTargets:")
-    for line in targets(rows, dev.type):
+    for line in result["targets"]:
         print(f"  {line}")
-    seconds = time.perf_counter() - started
-    print(f"\n{len(rows)} rows in {seconds:.0f} s")
-    result = {"device": describe(dev.type), "device_type": dev.type,
-              "torch": torch.__version__, "quick": args.quick, "seconds": seconds,
-              "rows": [r.as_dict() for r in rows], "crossover": found,
-              "targets": targets(rows, dev.type), "skipped": plan.skipped}
-    if args.json:
-        Path(args.json).write_text(json.dumps(_finite(result), indent=1) + "\n")
-        print(f"wrote {args.json}")
-    if args.plot:
-        from .plot import bench_plot
-
-        bench_plot(rows).savefig(args.plot)
-        print(f"wrote {args.plot}")
-    return result
+    print(f"\n{len(rows)} rows in {result['seconds']:.0f} s")
 
 
-def _printed(r) -> dict:
-    return {"workload": r.workload, "precision": r.precision,
-            "throughput": f"{r.throughput:.1f} {r.unit}",
-            "vs fp32": f"{r.speedup_vs_fp32:.2f}×",
-            "peak memory": f"{r.peak_memory_bytes / 2**20:.1f} MiB",
-            "MFU": "-" if r.mfu is None else f"{r.mfu:.0%}",
-            "loss vs fp32": "-" if r.loss_change is None else f"{r.loss_change:+.2%}"}
+def _printed(r: dict) -> dict:
+    def number(value, fmt):
+        return "-" if value is None else format(value, fmt)
 
-
-def _finite(value):
-    """JSON has no inf/NaN: they become null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
+    return {"workload": r["workload"], "precision": r["precision"],
+            "throughput": f"{number(r['throughput'], '.1f')} {r['unit']}",
+            "vs fp32": number(r["speedup_vs_fp32"], ".2f") + "×",
+            "peak memory": f"{r['peak_memory_bytes'] / 2**20:.1f} MiB",
+            "MFU": number(r["mfu"], ".0%"),
+            "loss vs fp32": number(r["loss_change"], "+.2%")}
 
 
 def main(argv=None) -> int:

@@ -42,6 +42,7 @@ class BenchRow:
     layers: int | None = None
     parameters: int | None = None
     step_seconds: float | None = None
+    batch_size: int | None = None  # model: samples per step (throughput is samples/s)
     flops_per_step: float | None = None
     loss_change: float | None = None
     matmuls_ran_in: str | None = None
@@ -68,37 +69,55 @@ class Plan:
     # these sizes the run would take minutes, so they are skipped (and the output says so).
     slow_matmul_limit: int = 1024
     slow_model_sizes: int = 1
+    name: str = "custom"                          # the preset's: full, quick, lesson or tiny
     skipped: list[str] = field(default_factory=list, compare=False)
 
     @classmethod
-    def for_device(cls, device: str = "auto", quick: bool = False, tiny: bool = False) -> Plan:
+    def for_device(cls, device: str = "auto", quick: bool = False, tiny: bool = False,
+                   lesson: bool = False) -> Plan:
         """The preset for the device asked for ("auto": a GPU if there is one)."""
-        return cls.preset(resolve_device(device).type, quick, tiny)
+        return cls.preset(resolve_device(device).type, quick, tiny, lesson)
 
     @classmethod
-    def preset(cls, device_type: str, quick: bool = False, tiny: bool = False) -> Plan:
-        """The sizes for a "cpu" or "cuda" run; `tiny` is the tests' (seconds on a CPU)."""
+    def preset(cls, device_type: str, quick: bool = False, tiny: bool = False,
+               lesson: bool = False) -> Plan:
+        """The sizes for a "cpu" or "cuda" run: full, `quick`, `lesson` (lesson 7's, seconds
+        on 2 CPU cores) or `tiny` (the tests'; it wins over the others)."""
         if device_type not in ("cpu", "cuda"):
             raise ValueError(f"unknown device type {device_type!r}; accepted: 'cpu', 'cuda'")
+        # The lesson model and two bigger ones: on a CPU with bf16 units the crossover lies
+        # between the first and the second (0.65×, 1.4×, 2.1× measured on 2 EPYC cores).
+        lesson_sizes = ((128, 2), (256, 4), (512, 4))
         if device_type == "cuda":
             precisions = ("fp32", "tf32", "bf16", "fp16")
             if tiny:
-                return cls("cuda", precisions, (255, 256), ((64, 1), (128, 1)), 3, 8)
-            return cls("cuda", precisions,
-                       (1000, 1024, 4095, 4096) if quick else (1000, 1024, 4095, 4096, 8192),
-                       ((128, 2), (512, 4), (1024, 8)) if quick
-                       else ((128, 2), (256, 4), (512, 4), (768, 8), (1024, 8)),
-                       10 if quick else 20, 256, big_model=(1024, 12))
+                return cls("cuda", precisions, (255, 256), ((64, 1), (128, 1)), 3, 8,
+                           name="tiny")
+            if lesson:
+                return cls("cuda", precisions, (4095, 4096), lesson_sizes, 6, 256,
+                           matmul_budget_s=0.1, name="lesson")
+            if quick:  # every lesson size, so that a reference run matches a lesson's rows
+                return cls("cuda", precisions, (1000, 1024, 4095, 4096),
+                           (*lesson_sizes, (1024, 8)), 10, 256, big_model=(1024, 12),
+                           name="quick")
+            return cls("cuda", precisions, (1000, 1024, 4095, 4096, 8192),
+                       ((128, 2), (256, 4), (512, 4), (768, 8), (1024, 8)), 20, 256,
+                       big_model=(1024, 12), name="full")
         precisions = ("fp32", "bf16", "fp16")
         if tiny:
             return cls("cpu", precisions, (31, 32), ((64, 1), (128, 1)), 2, 4,
-                       matmul_budget_s=0.02, slow_matmul_limit=32)
+                       matmul_budget_s=0.02, slow_matmul_limit=32, name="tiny")
+        if lesson:
+            # 3 steps: one warm-up, two timed. A precision without units here (fp16 on this
+            # EPYC, bf16 on an AVX2-only CPU) runs only where it is cheap: the 255² and 256²
+            # matmuls (2 repeats) and the lesson model; the output says what it skipped.
+            return cls("cpu", precisions, (255, 256, 512), lesson_sizes, 3, 32,
+                       matmul_budget_s=0.1, slow_matmul_limit=256, name="lesson")
         if quick:
-            return cls("cpu", precisions, (255, 256, 1024), ((128, 2), (256, 4), (512, 4)), 4, 32,
-                       matmul_budget_s=0.2, slow_matmul_limit=256)
-        return cls("cpu", precisions, (255, 256, 1000, 1024),
-                   ((128, 2), (256, 4), (512, 4)), 8, 32, matmul_budget_s=0.5,
-                   slow_matmul_limit=1024)
+            return cls("cpu", precisions, (255, 256, 1024), lesson_sizes, 4, 32,
+                       matmul_budget_s=0.2, slow_matmul_limit=256, name="quick")
+        return cls("cpu", precisions, (255, 256, 1000, 1024), lesson_sizes, 8, 32,
+                   matmul_budget_s=0.5, slow_matmul_limit=1024, name="full")
 
 
 def _runs_fast(precision: str, device: str) -> bool:
@@ -134,7 +153,8 @@ def matmul_sweep(plan: Plan, progress=None) -> list[BenchRow]:
         for precision in plan.precisions:
             if not _runs_fast(precision, plan.device) and n > plan.slow_matmul_limit:
                 plan.skipped.append(f"matmul {n}² in {precision}: skipped (no {precision} units "
-                                    "here; it would take minutes)")
+                                    "here: it runs tens of times slower than fp32, so it is "
+                                    f"timed up to {plan.slow_matmul_limit}² only)")
                 continue
             fast = _runs_fast(precision, plan.device)
             if plan.device == "cuda":
@@ -284,7 +304,7 @@ def train_row(plan: Plan, hidden: int, layers: int, precision: str, batch_size: 
                    batch_size / seconds, "samples/s", 1.0, memory, kind,
                    mfu=mfu(flops, seconds, peak), mfu_reference=ref, hidden=hidden,
                    layers=layers, parameters=run.parameters, step_seconds=seconds,
-                   flops_per_step=flops,
+                   batch_size=batch_size, flops_per_step=flops,
                    matmuls_ran_in=str(run.compute_dtype).removeprefix("torch."))
     return row, run
 
@@ -314,7 +334,19 @@ class CpuMemoryProbe:
         if step == 1:
             with _quiet_stderr():
                 self._profile.stop()
-            self.peak_bytes = self.resident + peak_live_bytes(self._profile.events())
+            self.peak_bytes = self.resident + peak_live_bytes(memory_changes(self._profile))
+
+
+def memory_changes(profile) -> list[tuple[int, int]]:
+    """(time in ns, bytes allocated (+) or freed (-)) of each allocation a finished
+    `torch.profiler.profile(profile_memory=True)` recorded.
+
+    Read off the profiler's raw "[memory]" records, not off `profile.events()`: there every op
+    carries the allocations made inside it, so an allocation counts once per op it is nested
+    in (a training step of the 512/4 model added up to 774 MiB instead of 107), and building
+    those events took 0.6 s of a 1 s bench row."""
+    return [(e.start_ns(), e.nbytes()) for e in profile.profiler.kineto_results.events()
+            if e.name() == "[memory]"]
 
 
 @contextlib.contextmanager
@@ -335,12 +367,11 @@ def _quiet_stderr():
             os.close(saved)
 
 
-def peak_live_bytes(events) -> int:
-    """The highest running total of allocations (+) and frees (-) in time order."""
-    changes = sorted(((e.time_range.start, e.cpu_memory_usage) for e in events
-                      if getattr(e, "cpu_memory_usage", 0)), key=lambda pair: pair[0])
+def peak_live_bytes(changes) -> int:
+    """The highest running total of (time, bytes) allocations (+) and frees (-) in time order.
+    (The profiler reports no free of a tensor allocated before it started.)"""
     live = peak = 0
-    for _, change in changes:
+    for _, change in sorted(changes, key=lambda pair: pair[0]):
         live += change
         peak = max(peak, live)
     return peak
