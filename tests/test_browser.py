@@ -438,3 +438,35 @@ def test_training_through_the_trainer_from_the_panel_in_jupyterlab(lab, page, tm
         message = panel.locator(".mplab-train-message")
         assert "ignores fp16 on a CPU" in message.inner_text()
         panel.screenshot(path=str(tmp_path / "trainer-panel-lab.png"))
+
+
+def test_running_a_failure_and_its_fix_in_the_failure_lab_in_jupyterlab(lab, page, tmp_path):
+    """Lesson 7's failure lab: press "run it" for fp16 without a GradScaler, read diagnose
+    naming it on the page, press "apply the fix and run again", and read the verdict "fixed",
+    the same verdict the kernel computed from the fixed run's diagnosis."""
+    base, token, runtime_dir = lab
+    notebook = "failure_lab.ipynb"
+    with screenshot_on_failure(page, tmp_path / "failure.png"):
+        open_and_run(page, lab, notebook,
+                     "from mplab.widgets.lesson7 import failure_lab\n"
+                     "panel = failure_lab('no_scaler', steps=10)\npanel")
+        panel = page.locator(".mplab-failure-lab")
+        broken = panel.locator(".mplab-lab-diagnosis-broken")
+        broken.filter(has_text="press “run it”").wait_for()
+        panel.locator(".mplab-lab-run-button").click()
+        broken.filter(has_text="[broken] fp16 without a GradScaler").wait_for()
+        verdict = panel.locator(".mplab-lab-verdict")
+        assert verdict.inner_text() == ""
+        panel.locator(".mplab-lab-fix-button").click()
+        verdict.filter(has_text="fixed: diagnose no longer finds fp16 without a GradScaler") \
+            .wait_for()
+        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
+            assert kernel_value(client, "'no_scaler' in panel.diagnoses['broken']") == "True"
+            assert kernel_value(client, "'no_scaler' in panel.diagnoses['fixed']") == "False"
+            assert kernel_value(client, "[r['fix'] for r in panel.rows]") == \
+                "['none (broken)', 'scaler']"
+            said = kernel_value(client,
+                                "__import__('re').sub('<.*?>', '', panel.verdict.value)")
+        assert verdict.inner_text() == eval(said)
+        assert panel.locator(".mplab-lab-run-button").is_enabled()
+        panel.screenshot(path=str(tmp_path / "failure-lab-lab.png"))

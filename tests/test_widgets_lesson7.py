@@ -1,0 +1,163 @@
+"""Lesson 7's failure lab, driven from Python as a learner drives it in the browser.
+
+The reference is mplab.lab and mplab.diagnose called directly: the widget must show what they
+say, and decide "fixed" by whether diagnose still finds the failure's cause."""
+
+import dataclasses
+import html
+import re
+
+import pytest
+
+from mplab import diagnose, lab
+from mplab.diagnosis import Diagnosis, Finding
+from mplab.train import NonFiniteLossError, TrainResult
+from mplab.widgets.lesson7 import failure_lab, verdict
+
+
+def text(value: str) -> str:
+    """What an HTML widget's value reads as on the page."""
+    return html.unescape(re.sub(r"<[^>]+>", "", value))
+
+
+def replace_runner(monkeypatch, name: str, runner) -> None:
+    monkeypatch.setitem(lab.FAILURES, name,
+                        dataclasses.replace(lab.FAILURES[name], runner=runner))
+
+
+def test_run_it_reproduces_the_failure_and_shows_diagnose_naming_it():
+    panel = failure_lab("clip_before_unscale", steps=12)
+    panel.run_button.click()
+    reference = lab.run("clip_before_unscale", steps=12)
+    assert panel.message.value == "" and panel.fixed is None and panel.verdict.value == ""
+    assert panel.broken.losses == reference.losses  # the same seeded run
+    found = panel.diagnoses["broken"]
+    assert found.cause == "clip_before_unscale" and found.names == diagnose(reference).names
+    assert found._repr_html_() in panel.views["broken"].value
+    (row,) = panel.rows
+    assert row == {"failure": "clip_before_unscale", "fix": "none (broken)", "steps": 12,
+                   "final loss": reference.final_loss, "skipped steps": 0,
+                   "final scale": reference.scales[-1], "diagnose's cause": "clip_before_unscale"}
+    assert bytes(panel.plot.value).startswith(b"\x89PNG")
+    assert "clip_before_unscale" in text(panel.table.value)
+
+
+def test_applying_the_fix_removes_the_cause_and_the_verdict_says_fixed():
+    panel = failure_lab("no_scaler", steps=10)
+    assert panel.fix.value == "scaler"  # the lesson's fix is offered first
+    panel.run_button.click()
+    assert panel.diagnoses["broken"].cause == "no_scaler"
+    assert not panel.broken.scales  # no GradScaler ran
+    panel.fix_button.click()
+    fixed = panel.diagnoses["fixed"]
+    assert "no_scaler" not in fixed and fixed.names == diagnose(panel.fixed).names
+    assert text(panel.verdict.value).startswith(
+        "fixed: diagnose no longer finds fp16 without a GradScaler")
+    assert fixed._repr_html_() in panel.views["fixed"].value
+    assert [(r["fix"], r["steps"]) for r in panel.rows] == [("none (broken)", 10), ("scaler", 10)]
+    assert panel.rows[1]["final scale"] == panel.fixed.scales[-1]
+    assert panel.rows[1]["diagnose's cause"] == (fixed.cause or "none")
+    assert panel.broken is not None  # both runs kept, overlaid in the plot
+
+
+def test_a_fix_that_leaves_the_cause_says_still_there(monkeypatch):
+    broken_anyway = lab.FAILURES["no_scaler"].runner
+    replace_runner(monkeypatch, "no_scaler",
+                   lambda fix=None, **settings: broken_anyway(fix=None, **settings))
+    panel = failure_lab("no_scaler", steps=10)
+    panel.fix_button.click()
+    assert "no_scaler" in panel.diagnoses["fixed"]
+    assert text(panel.verdict.value) == "still there: diagnose still finds fp16 without a " \
+                                        "GradScaler"
+
+
+def test_the_verdict_reads_the_failures_name_not_the_worst_cause():
+    failure = lab.FAILURES["no_scaler"]
+    units = Finding("no_units", "warning", "slow")
+    assert verdict(failure, Diagnosis("run", [units])).startswith("fixed:")  # cause: no_units
+    assert verdict(failure, Diagnosis("run", [])) == \
+        "fixed: diagnose no longer finds fp16 without a GradScaler"
+    assert verdict(failure, Diagnosis("run", [units, Finding("no_scaler", "warning", "x")])) \
+        .startswith("still there:")
+
+
+def test_a_run_that_breaks_at_the_first_step_still_shows_its_diagnosis():
+    panel = failure_lab("fp16_overflow")
+    panel.run_button.click()
+    assert panel.message.value == "" and panel.broken.losses == []
+    assert panel.diagnoses["broken"].cause == "fp16_overflow"
+    (row,) = panel.rows
+    assert (row["steps"], row["final loss"], row["final scale"]) == (0, "–", "–")
+    assert bytes(panel.plot.value).startswith(b"\x89PNG")
+
+
+def test_changing_the_failure_offers_its_fixes_and_code_and_puts_the_runs_away(monkeypatch):
+    replace_runner(monkeypatch, "no_scaler", lambda fix=None, **settings: TrainResult(
+        path="own loop", precision="fp16", device="cpu", model="lab", losses=[0.7] * 3))
+    panel = failure_lab("no_scaler")
+    panel.run_button.click()
+    assert panel.broken is not None and len(panel.rows) == 1
+    panel.failure.value = "pure_low_precision"
+    failure = lab.FAILURES["pure_low_precision"]
+    assert panel.fix.options == ("fp32_master", "kahan", "stochastic") == failure.fixes
+    assert panel.fix.value == "fp32_master"
+    assert text(panel.code.value) == failure.code
+    assert failure.symptom in text(panel.symptom.value)
+    assert panel.broken is None and panel.fixed is None and panel.diagnoses == {}
+    assert panel.plot.value == b"" and "press “run it”" in panel.views["broken"].value
+    assert len(panel.rows) == 1  # the table keeps every run pressed
+
+
+def test_the_buttons_are_disabled_and_running_shown_during_a_run(monkeypatch):
+    real = lab.FAILURES["no_scaler"].runner
+    seen = []
+
+    def watched(fix=None, **settings):
+        seen.append((panel.run_button.disabled, panel.fix_button.disabled,
+                     panel.failure.disabled, text(panel.message.value)))
+        return real(fix=fix, **settings)
+
+    replace_runner(monkeypatch, "no_scaler", watched)
+    panel = failure_lab("no_scaler", steps=4)
+    panel.fix_button.click()
+    assert seen == [(True, True, True, "running no_scaler with the fix 'scaler'…")]
+    assert not panel.run_button.disabled and not panel.fix_button.disabled
+    assert panel.message.value == "" and panel.rows[0]["steps"] == 4
+
+
+def test_an_error_in_a_run_lands_in_the_message_and_the_buttons_come_back(monkeypatch):
+    def out_of_memory(fix=None, **settings):
+        raise RuntimeError("out of memory")
+
+    replace_runner(monkeypatch, "clip_before_unscale", out_of_memory)
+    panel = failure_lab()
+    for button in (panel.run_button, panel.fix_button):
+        panel.message.value = ""
+        button.click()
+        assert "RuntimeError: out of memory" in panel.message.value
+        assert not panel.run_button.disabled and not panel.fix_button.disabled
+        assert not panel.failure.disabled and not panel.fix.disabled
+    assert panel.broken is None and panel.fixed is None and len(panel.rows) == 0
+
+
+def test_a_run_stopped_by_a_non_finite_loss_is_kept_and_diagnosed(monkeypatch):
+    partial = TrainResult(path="own loop", precision="fp16", device="cpu", model="lab",
+                          losses=[0.7, float("nan")], stopped="the loss became nan at step 2")
+
+    def stops(fix=None, **settings):
+        raise NonFiniteLossError(partial.stopped, partial)
+
+    replace_runner(monkeypatch, "fp16_overflow", stops)
+    panel = failure_lab("fp16_overflow")
+    panel.run_button.click()
+    assert panel.broken is partial and panel.diagnoses["broken"].cause == "fp16_overflow"
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"failure": "no_scalar"}, "unknown failure 'no_scalar'; accepted: 'fp16_overflow', "
+                               "'no_scaler', 'clip_before_unscale'"),
+    ({"steps": 0}, "steps must be None"), ({"steps": True}, "got True"),
+])
+def test_bad_input_is_a_clear_error(bad, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        failure_lab(**bad)
