@@ -192,9 +192,10 @@ def _loss_words(result: TrainResult) -> str:
     if drop is None:
         return ""
     k = max(2, min(10, len(losses) // 4))
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
     moved = f"fell by {drop:.1%}" if drop >= 0 else f"rose by {-drop:.1%}"
-    return (f"over {len(losses)} steps the loss {moved} (mean of the first {k} steps against "
-            f"the last {k}: {losses[0]:.4f} at step 1, {losses[-1]:.4f} at the end)")
+    return (f"over {len(losses)} steps the loss {moved}: {first:.4f} on average over the first "
+            f"{k} steps, {last:.4f} over the last {k}")
 
 
 def _trailing_skips(result: TrainResult) -> int:

@@ -16,6 +16,7 @@ are seeded: the same call gives the same record.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ from mplab.bf16 import LowPrecisionUpdate
 from mplab.data import batches, encode, load_dataset
 from mplab.hardware import has_units, resolve_device
 from mplab.models import lesson_model, lesson_tokenizer
-from mplab.train import NonFiniteLossError, Recorder, TrainResult, train
+from mplab.train import NonFiniteLossError, Recorder, TrainResult, TrainWarning, train
 
 LAB_SHAPE = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
              "intermediate_size": 128}
@@ -70,9 +71,12 @@ class Fp32Island(torch.nn.Module):
 
 
 def _train(model, **settings) -> TrainResult:
-    """The lab's settings for mplab.train: its batch and lr, constant, no evaluation."""
-    return train(model=model, batch_size=BATCH, lr=LR, schedule="constant", eval_samples=0,
-                 progress=False, **settings)
+    """The lab's settings for mplab.train: its batch and lr, constant, no evaluation. Its
+    warnings stay in the result, where diagnose reads them, rather than on the screen."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrainWarning)
+        return train(model=model, batch_size=BATCH, lr=LR, schedule="constant",
+                     eval_samples=0, progress=False, **settings)
 
 
 def _autocast(precision: str, device: torch.device) -> torch.autocast:
@@ -210,7 +214,7 @@ def scale_collapse(fix=None, steps=40, device="auto") -> TrainResult:
         return rec.finish()
 
 
-def accumulation_scaler(fix=None, steps=30, device="auto", micro_batches=4) -> TrainResult:
+def accumulation_scaler(fix=None, steps=12, device="auto", micro_batches=4) -> TrainResult:
     """Gradient accumulation over 4 micro-batches with clipping on each: unscale_ twice
     raises, so the loop below also calls update() on every micro-batch to silence it."""
     device = resolve_device(device)
@@ -357,7 +361,7 @@ FAILURES = {f.name: f for f in [
     Failure("fp16_overflow", "NaN from an fp16 activation overflow (T5)",
             "the loss is NaN from the first step", ("bf16", "fp32_island"), fp16_overflow),
     Failure("no_scaler", "fp16 without a GradScaler",
-            "the loss hardly moves: the gradients are 0", ("scaler", "bf16"), no_scaler),
+            "it trains, but most gradient entries are exactly 0", ("scaler", "bf16"), no_scaler),
     Failure("clip_before_unscale", "clipping before unscale_",
             "training runs, the gradient norms are huge", ("unscale_first",),
             clip_before_unscale),

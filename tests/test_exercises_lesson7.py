@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import run_cell
+
 from mplab import hardware
 from mplab.exercises import lesson7 as ex
 
