@@ -247,3 +247,18 @@ def test_cuda_rows_measure_tf32_and_claim_mfu_only_for_known_gpus():
         if r.kind == "model":
             assert (r.mfu is not None) == known and 0 < (r.mfu or 0.5) < 1
 
+
+
+def test_a_utilisation_above_100_percent_is_explained_not_shown_bare():
+    from mplab.bench import BenchRow, explain_row
+
+    def row(precision, mfu):
+        return BenchRow("train hidden 128, 2 layers", "model", precision, 100.0, "samples/s",
+                        1.0 if precision == "fp32" else 0.5, 1, "torch profiler", mfu=mfu,
+                        mfu_reference=f"best {precision} matmul measured here", hidden=128,
+                        layers=2)
+
+    rows = [row("fp32", 0.6), row("fp16", 1.2)]
+    said = explain_row(rows[1], rows, "cpu")
+    assert "utilisation 120%, above 100 %" in said and "best fp16 matmul measured here" in said
+    assert "above 100" not in explain_row(row("fp16", 0.9), [rows[0], row("fp16", 0.9)], "cpu")

@@ -5,6 +5,7 @@
     bench.training_speed()                # lesson 4: a few training steps per precision
     python -m mplab.bench --quick         # the whole matrix: matmul and model-size sweeps
     record = bench.lesson_bench()         # lesson 7: the same record, in seconds
+    bench.record_table(record)            # its rows as the CLI prints them
     bench.bench_plot(record)              # speed-up against model size, and memory
     bench.compare_with_reference(record, bench.reference_results())
 
@@ -17,7 +18,7 @@ figure.
 from mplab.hardware import UNITS, cpu_features, describe, has_units, resolve_device
 
 from .peaks import DATASHEET_TFLOPS, datasheet_gpu, datasheet_peak, mfu, training_flops
-from .record import lesson_bench, run_plan
+from .record import lesson_bench, record_table, run_plan
 from .reference import (
     REFERENCE_DIR,
     compare_with_reference,
@@ -44,7 +45,8 @@ __all__ = ["MatmulTiming", "time_matmul", "matmul_speed", "explain_matmul_speed"
            "targets", "DATASHEET_TFLOPS", "datasheet_gpu", "datasheet_peak", "mfu",
            "training_flops", "UNITS", "cpu_features", "describe", "has_units",
            "resolve_device", "lesson_bench", "run_plan", "REFERENCE_DIR", "reference_results",
-           "reference_filename", "compare_with_reference", "explain_reference", "bench_plot"]
+           "reference_filename", "compare_with_reference", "explain_reference", "bench_plot",
+           "record_table"]
 
 
 def __getattr__(name: str):

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import torch
 
-from mplab._display import Table
 from mplab.hardware import describe, resolve_device
 
-from .record import cli_command, run_plan
+from .record import cli_command, record_table, run_plan
 from .sweep import Plan
 
 
@@ -81,7 +80,7 @@ def report(result: dict) -> None:
     """Print a record: the table, each row's why, the skips, MFU, crossover and targets."""
     rows, cuda = result["rows"], result["device_type"] == "cuda"
     print()
-    print(Table([_printed(r) for r in rows], title=f"mixed precision on {result['device']}"))
+    print(record_table(result))
     print("\nWhy:")
     for r in rows:
         if r["explanation"]:
@@ -103,18 +102,6 @@ def report(result: dict) -> None:
     for line in result["targets"]:
         print(f"  {line}")
     print(f"\n{len(rows)} rows in {result['seconds']:.0f} s")
-
-
-def _printed(r: dict) -> dict:
-    def number(value, fmt):
-        return "-" if value is None else format(value, fmt)
-
-    return {"workload": r["workload"], "precision": r["precision"],
-            "throughput": f"{number(r['throughput'], '.1f')} {r['unit']}",
-            "vs fp32": number(r["speedup_vs_fp32"], ".2f") + "×",
-            "peak memory": f"{r['peak_memory_bytes'] / 2**20:.1f} MiB",
-            "MFU": number(r["mfu"], ".0%"),
-            "loss vs fp32": number(r["loss_change"], "+.2%")}
 
 
 def main(argv=None) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from mplab._display import Table
 from mplab.hardware import describe
 
 from .peaks import datasheet_gpu
@@ -136,3 +137,18 @@ def finite(value):
     if isinstance(value, list | tuple):
         return [finite(v) for v in value]
     return value
+
+
+def record_table(record: dict) -> Table:
+    """A record's rows as the CLI prints them: throughput, speed-up, peak memory, MFU and
+    the loss against fp32, one row per workload and precision."""
+    def number(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
+    return Table([{"workload": r["workload"], "precision": r["precision"],
+                   "throughput": f"{number(r['throughput'], '.1f')} {r['unit']}",
+                   "vs fp32": number(r["speedup_vs_fp32"], ".2f") + "×",
+                   "peak memory": f"{r['peak_memory_bytes'] / 2**20:.1f} MiB",
+                   "MFU": number(r["mfu"], ".0%"),
+                   "loss vs fp32": number(r["loss_change"], "+.2%")} for r in record["rows"]],
+                 title=f"mixed precision on {record['device']}")

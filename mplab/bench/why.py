@@ -38,6 +38,12 @@ def explain_row(row: BenchRow, rows: list[BenchRow], device: str) -> str:
         parts += _why_matmul(row, rows, device)
     elif p != "fp32":
         parts.append(_why_model_speed(row, rows))
+    if row.kind == "model" and row.mfu is not None and row.mfu > 1:
+        parts.append(f"utilisation {row.mfu:.0%}, above 100 %: the model's matmuls ran faster "
+                     f"than the reference ({row.mfu_reference or 'the matmul sweep'}), so the "
+                     f"sweep's sizes did not reach this machine's {p} peak"
+                     + (f"; without {p} units the speed depends on the shape"
+                        if _no_units(p, device) else ""))
     if row.kind == "model" and p != "fp32":
         parts.append(_why_memory(row, rows))
         if row.loss_change is not None:

@@ -443,7 +443,7 @@ class Run:
                 torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
         for key in _RECORD:
             setattr(self.result, key, [tuple(v) if key == "eval_history" else v
-                                       for v in state["record"][key]])
+                                       for v in state["record"].get(key, [])])  # older: fewer
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
         return True
 

@@ -48,8 +48,8 @@ class StepWatch:
     def _count_zeros(self, optimizer, args, kwargs) -> None:
         grads = [p.grad for p in self._graded if p.grad is not None]
         total = sum(g.numel() for g in grads)
-        if total:
-            zero = sum(int((g == 0).sum()) for g in grads)
+        if total:  # counted on the device, read with one sync
+            zero = torch.stack([(g == 0).sum() for g in grads]).sum().item()
             self._zeros.append(zero / total)
 
     def _snapshot(self) -> list[torch.Tensor]:
@@ -62,7 +62,8 @@ class StepWatch:
         unchanged = None
         if self._low:
             total = sum(p.numel() for p in self._low)
-            same = sum(int((p.detach() == old).sum()) for p, old in zip(self._low, self._before))
+            same = torch.stack([(p.detach() == old).sum()
+                                for p, old in zip(self._low, self._before)]).sum().item()
             unchanged = same / total
             self._before = self._snapshot()
         return zero, unchanged
