@@ -161,3 +161,19 @@ def test_a_run_stopped_by_a_non_finite_loss_is_kept_and_diagnosed(monkeypatch):
 def test_bad_input_is_a_clear_error(bad, words):
     with pytest.raises(ValueError, match=re.escape(words)):
         failure_lab(**bad)
+
+
+def test_the_figure_draws_what_tells_each_failure_apart():
+    from mplab import lab
+    from mplab.widgets.lesson7 import _telling, runs_figure
+
+    no_scaler = {"broken": lab.run("no_scaler", steps=4),
+                 "fixed (scaler)": lab.run("no_scaler", fix="scaler", steps=4)}
+    assert _telling(no_scaler) == "zero_grad_fractions"
+    fig = runs_figure(no_scaler)
+    drawn = fig.axes[1].lines
+    assert max(drawn[0].get_ydata()) == max(no_scaler["broken"].zero_grad_fractions) > 0.9
+    assert _telling({"broken": lab.run("clip_before_unscale", steps=3)}) == "grad_norms"
+    assert _telling({"broken": lab.run("pure_low_precision", steps=3)}) == (
+        "unchanged_weight_fractions")
+    assert _telling({"broken": lab.run("extra_update", steps=3)}) == "scales"

@@ -187,13 +187,39 @@ def _row(failure: lab.Failure, fix: str | None, result: TrainResult,
             "diagnose's cause": diagnosis.cause or "none"}
 
 
+#: What the hooks saw, by what tells a failure apart best: (field, axis label, title, log2 axis)
+_SERIES = {
+    "grad_norms": ("gradient norm before clipping", "the norm clip_grad_norm_ saw", True),
+    "zero_grad_fractions": ("share exactly 0", "gradient entries that were 0", False),
+    "scales": ("loss scale", "GradScaler's scale per step", True),
+    "unchanged_weight_fractions": ("share unchanged", "bf16 weights a step left as they were",
+                                   False),
+}
+
+
+def _telling(runs: dict[str, TrainResult]) -> str | None:
+    """The recorded series to draw beside the losses: clipped norms, else zero gradients if a
+    run had no scaler, else the scale, else the unchanged weights; None if none was recorded."""
+    def has(r, name):
+        return any(v is not None for v in getattr(r, name))
+
+    if any(has(r, "grad_norms") for r in runs.values()):
+        return "grad_norms"
+    if any(has(r, "zero_grad_fractions") and not r.scales for r in runs.values()):
+        return "zero_grad_fractions"
+    for name in ("scales", "unchanged_weight_fractions"):
+        if any(has(r, name) for r in runs.values()):
+            return name
+    return None
+
+
 def runs_figure(runs: dict[str, TrainResult]) -> Figure:
-    """The runs' losses per step (skipped steps crossed) and, beside them for runs with a
-    GradScaler, the scale after each step on a log2 axis: broken and fixed overlaid."""
-    scaled = any(r.scales for r in runs.values())
-    fig = plots.new_figure((9.0, 2.8) if scaled else (5.0, 2.8), pyplot=False)
-    axes = fig.subplots(1, 2 if scaled else 1, squeeze=False)[0]
-    fig.subplots_adjust(left=0.08 if scaled else 0.14, right=0.98, bottom=0.18, top=0.88,
+    """The runs' losses per step (skipped steps crossed) and, beside them, what the hooks saw
+    that tells the failure apart (`_telling`): broken and fixed overlaid."""
+    series = _telling(runs)
+    fig = plots.new_figure((9.0, 2.8) if series else (5.0, 2.8), pyplot=False)
+    axes = fig.subplots(1, 2 if series else 1, squeeze=False)[0]
+    fig.subplots_adjust(left=0.08 if series else 0.14, right=0.98, bottom=0.18, top=0.88,
                         wspace=0.25)
     for label, r in runs.items():
         color = _COLORS[label.split()[0]]
@@ -203,13 +229,16 @@ def runs_figure(runs: dict[str, TrainResult]) -> Figure:
         if skipped:
             axes[0].plot(skipped, [r.losses[s - 1] for s in skipped], "x", color="black",
                          ms=5, label=f"{label}: skipped step")
-        if r.scales:
-            axes[1].step(range(1, len(r.scales) + 1), r.scales, where="post", color=color,
-                         lw=1.5, label=label)
+        values = getattr(r, series) if series else []
+        points = [(i, v) for i, v in enumerate(values, 1) if v is not None]
+        if points:
+            axes[1].step(*zip(*points), where="post", color=color, lw=1.5, label=label)
     axes[0].set(xlabel="step", ylabel="training loss", title="loss per step")
-    if scaled:
-        axes[1].set_yscale("log", base=2)
-        axes[1].set(xlabel="step", ylabel="loss scale", title="GradScaler's scale per step")
+    if series:
+        ylabel, title, log = _SERIES[series]
+        if log:
+            axes[1].set_yscale("log", base=2)
+        axes[1].set(xlabel="step", ylabel=ylabel, title=title)
     for ax in axes:
         ax.title.set_fontsize(10)
         ax.grid(True, alpha=0.25)
