@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of mplab in one command, for a session with a CUDA GPU (at most 5 minutes:
-# each step has a time limit, and the limits add up to 295 s):
+# each step has a time limit, and the limits add up to 290 s):
 #   bash benchmarks/gpu_check.sh            # results in $OUT, else ./gpu_results
 # Each step's output goes to its own log and its exit code to steps.txt; a failing step does
 # not stop the others. The bench runs first: its record, bench_<gpu>_<date>.json (the same as
@@ -22,10 +22,11 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, record its exit
 }
 
 step env 20 python -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '-')"
-step bench_cuda 100 python -m mplab.bench --device cuda --quick --json "$RESULTS/bench_cuda.json" --plot "$RESULTS/bench_cuda.png"
+step bench_cuda 90 python -m mplab.bench --device cuda --quick --json "$RESULTS/bench_cuda.json" --plot "$RESULTS/bench_cuda.png"
 # the reference file's name: bench_<gpu>_<date>.json, from the record's own meta
 step reference_name 15 python -c "import json, shutil, sys; from mplab.bench import reference_filename; out = sys.argv[1]; name = reference_filename(json.load(open(f'{out}/bench_cuda.json'))); shutil.copy(f'{out}/bench_cuda.json', f'{out}/{name}'); print(name)" "$RESULTS"
 step bench_lesson 30 python -m mplab.bench --device cuda --lesson --json "$RESULTS/lesson_cuda.json"
-step pytest_cuda 60 python -m pytest -q -k cuda tests
-step bench_train 70 python benchmarks/bench_train.py --device cuda --steps 20 --rounds 2 --parity-steps 100 --cuda-steps 20
+step pytest_cuda 45 python -m pytest -q -k cuda tests
+step lab_cuda 40 python benchmarks/lab_check.py --device cuda --json "$RESULTS/lab_cuda.json"
+step bench_train 50 python benchmarks/bench_train.py --device cuda --steps 20 --rounds 2 --parity-steps 100 --cuda-steps 20
 echo "results in $RESULTS:"; cat "$RESULTS/steps.txt"

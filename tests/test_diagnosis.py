@@ -290,3 +290,19 @@ def test_the_recorder_rejects_what_it_cannot_watch():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="precision 'fp8'"):
         Recorder(model, opt, precision="fp8")
+
+
+def test_the_gpu_check_runs_the_lab_within_its_five_minutes():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = (root / "benchmarks" / "gpu_check.sh").read_text()
+    limits = [int(s) for s in re.findall(r"^step \S+ (\d+) ", script, flags=re.M)]
+    assert len(limits) >= 6 and sum(limits) <= 300
+    assert "benchmarks/lab_check.py --device cuda" in script
+    said = subprocess.run([sys.executable, str(root / "benchmarks" / "lab_check.py"), "--help"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "--device" in said

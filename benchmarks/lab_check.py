@@ -1,0 +1,52 @@
+"""Every failure of mplab.lab and its first fix, on one device: does diagnose name the failure
+in the broken run, and stop naming it after the fix? Prints a table and the time of each run.
+
+    python benchmarks/lab_check.py                     # device auto (a GPU if there is one)
+    python benchmarks/lab_check.py --device cuda --json lab_cuda.json
+
+Two failures are a CPU's by nature (fp16 ignored, fp16 without units) and always run there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import time
+import warnings
+
+from mplab import lab
+from mplab._display import Table
+from mplab.diagnosis import diagnose
+from mplab.hardware import describe
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    p.add_argument("--json", metavar="FILE", help="write the rows as JSON to FILE")
+    args = p.parse_args(argv)
+    warnings.simplefilter("ignore")
+    rows = []
+    for name, failure in lab.FAILURES.items():
+        settings = ({"device": args.device}
+                    if "device" in inspect.signature(failure.runner).parameters else {})
+        row = {"failure": name}
+        for label, fix in (("broken", None), ("fixed", failure.fixes[0])):
+            started = time.perf_counter()
+            found = diagnose(failure.run(fix, **settings))
+            row[f"{label} s"] = round(time.perf_counter() - started, 2)
+            row[f"{label}: found"] = name in found
+            row[f"{label}: cause"] = found.cause or "-"
+        row["ok"] = row["broken: found"] and not row["fixed: found"]
+        rows.append(row)
+    table = Table(rows, title=f"mplab.lab on {describe(args.device)}")
+    print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": describe(args.device), "rows": rows}, f, indent=1)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
