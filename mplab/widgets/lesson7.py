@@ -32,8 +32,9 @@ class FailureLab(widgets.VBox):
     """A failure picker, "run it", a fix picker and "apply the fix and run again". Build it with
     :func:`failure_lab`.
 
-    Shows the failure's symptom and its code (`code`, in an accordion), the loss and scale of
-    both runs (`plot`), each run's diagnosis and the `verdict`. As data: `broken` and `fixed`
+    Shows the failure's symptom and its code (`code`, in an accordion), the losses of both
+    runs and what the hooks saw that tells the failure apart (`plot`), each run's diagnosis
+    and the `verdict`. As data: `broken` and `fixed`
     (TrainResults or None), `diagnoses` ({"broken": Diagnosis, "fixed": Diagnosis}), `rows`
     (a Table, one row per run pressed), `message` (running…, errors).
     """
