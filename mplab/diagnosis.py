@@ -17,6 +17,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -219,7 +220,7 @@ def _fallback(result: TrainResult, words: str) -> str | None:
 
 def _non_finite(r: TrainResult) -> list[Finding]:
     bad = [i + 1 for i, v in enumerate(r.losses) if not math.isfinite(v)]
-    stopped = r.stopped if r.stopped and ("inf" in r.stopped or "nan" in r.stopped) else None
+    stopped = r.stopped and re.search(r"the loss is -?(nan|inf)\b", r.stopped)  # common.py's
     if not bad and not stopped:
         return []
     step = bad[0] if bad else len(r.losses) + 1

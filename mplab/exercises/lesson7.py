@@ -330,7 +330,7 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="7.2", title="Read three broken runs",
-        prompt="The table below (printed by `ex.mystery_records()`) shows three broken fp16 "
+        prompt="The table above (printed by `ex.mystery_records()`) shows three broken fp16 "
                "runs of the lab model, A, B and C, by the figures the recorder saw. Name the "
                "cause of each, without calling `mplab.diagnose`, as a dict from letter to a "
                "cause name of `mplab.diagnosis.CAUSES`:\n\n"
