@@ -48,6 +48,8 @@ CAUSES = {
     "frequent_skips": "many skipped steps",
     "scale_calibrating": "skipped steps at the start: the scale calibrating",
     "stalled": "the loss did not fall",
+    "too_small": "the matrices are too small for low precision to pay",
+    "pays": "low precision pays on this machine",
 }
 
 
@@ -124,8 +126,11 @@ class Diagnosis:
 
 def diagnose(result) -> Diagnosis:
     """Diagnose a run: a `TrainResult`, its `as_dict()`, a JSON file of one (a path), or the
-    `NonFiniteLossError` that stopped it."""
+    `NonFiniteLossError` that stopped it. A benchmark record (`python -m mplab.bench --json`,
+    `bench.lesson_bench()`) is read too: will low precision help on that machine, and why not."""
     result = _load(result)
+    if isinstance(result, dict):
+        return _bench(result)
     findings = []
     for check in _CHECKS:
         findings += check(result)
@@ -157,14 +162,54 @@ def _load(result) -> TrainResult:
             raise ValueError(f"{str(path)!r} is not JSON ({err})") from err
     if isinstance(result, dict):
         if "rows" in result and "losses" not in result:
-            raise ValueError("this is an mplab.bench record (it has 'rows'); diagnose reads a "
-                             "training run's record: `python -m mplab.train --json FILE`")
+            if not isinstance(result.get("crossover"), list):
+                raise ValueError("a bench record needs its 'crossover' list, as "
+                                 "`python -m mplab.bench --json` writes it")
+            return result
         if "losses" not in result:
             raise ValueError(f"not a training record: no 'losses' among its keys "
                              f"{sorted(result)[:8]}")
         return TrainResult.from_dict(result)
     raise TypeError(f"diagnose() reads a TrainResult, its as_dict(), a JSON file's path or a "
                     f"NonFiniteLossError; got {type(result).__name__}")
+
+
+def _bench(record: dict) -> Diagnosis:
+    """Per low precision the benchmark trained: no units (it never pays), too small (it pays
+    from some size up, or at no size measured), or it pays; in the record's own figures."""
+    findings = []
+    for found in record["crossover"]:
+        p = found["precision"]
+        models = [r for r in record["rows"] if r.get("kind") == "model" and r["precision"] == p]
+        speeds = ", ".join(f"{r['workload'].removeprefix('train ')}: "
+                           f"{r['speedup_vs_fp32']:.2f}× fp32" for r in models)
+        evidence = [f"{p} trained {speeds}", found["text"]]
+        no_units = any(f"no {p} units" in r.get("explanation", "") for r in models)
+        if no_units:
+            findings.append(Finding("no_units", "warning",
+                                    f"this device has no {p} units: {p} never pays here",
+                                    evidence, f"train in fp32 here; {p} pays on hardware with "
+                                    f"{p} units: a GPU, or a CPU with {_CPU_UNITS[p]}"))
+        elif found["workload"] is None:
+            findings.append(Finding("too_small", "warning",
+                                    f"{p} paid at no size measured: the matrices are too small "
+                                    "to keep the units busy", evidence,
+                                    "stay in fp32 for models this size; measure larger ones "
+                                    "(`python -m mplab.bench` without --quick)"))
+        elif models and models[0]["speedup_vs_fp32"] < 1:
+            findings.append(Finding("too_small", "note",
+                                    f"{p} pays from {found['workload'].removeprefix('train ')} "
+                                    "up; below that the matrices are too small", evidence,
+                                    f"use {p} for models that size or larger"))
+        else:
+            findings.append(Finding("pays", "note", f"{p} pays at every size measured",
+                                    evidence, ""))
+    findings.sort(key=lambda f: SEVERITIES.index(f.severity))
+    return Diagnosis(f"mplab.bench record on {record.get('device', '?')}", findings)
+
+
+_CPU_UNITS = {"bf16": "AVX-512-BF16 or AMX", "fp16": "AVX-512-FP16 or AMX-FP16",
+              "tf32": "none: tf32 is a GPU format"}
 
 
 def _finite(values) -> list[float]:

@@ -169,7 +169,7 @@ def test_diagnose_says_what_it_was_given_and_what_it_reads(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ValueError, match="is not JSON"):
         diagnose(tmp_path / "bad.json")
-    with pytest.raises(ValueError, match="mplab.bench record"):
+    with pytest.raises(ValueError, match="needs its 'crossover' list"):
         diagnose({"device": "cpu", "rows": []})
     with pytest.raises(ValueError, match="no 'losses'"):
         diagnose({"precision": "fp16"})
@@ -306,3 +306,37 @@ def test_the_gpu_check_runs_the_lab_within_its_five_minutes():
     said = subprocess.run([sys.executable, str(root / "benchmarks" / "lab_check.py"), "--help"],
                           capture_output=True, text=True, check=True).stdout
     assert "--device" in said
+
+
+def test_a_bench_record_is_diagnosed_from_its_own_rows(tmp_path):
+    from mplab import bench, hardware
+
+    record = bench.lesson_bench(tiny=True)
+    file = tmp_path / "bench.json"
+    file.write_text(json.dumps(record))
+    found = diagnose(str(file))
+    assert found.run.startswith("mplab.bench record on cpu")
+    fp16 = [f for f in found.findings if f.cause.startswith("this device has no fp16 units")]
+    assert bool(fp16) == (not hardware.has_units("fp16"))
+    for f in found.findings:  # each speaks of the record's own figures
+        assert any("× fp32" in e for e in f.evidence)
+    assert diagnose(record).names == found.names
+
+
+def test_the_json_the_train_cli_writes_is_diagnosed(tmp_path):
+    import subprocess
+    import sys
+
+    file = tmp_path / "run.json"
+    subprocess.run([sys.executable, "-m", "mplab.train", "--path", "accelerate", "--precision",
+                    "fp16", "--device", "cpu", "--steps", "3", "--batch-size", "8",
+                    "--json", str(file)], check=True, capture_output=True)
+    assert diagnose(file).cause == "fp16_ignored"
+
+
+@pytest.mark.slow
+def test_the_trainer_ignores_fp16_on_a_cpu_and_diagnose_says_so():
+    broken = lab.fp16_ignored(steps=3, path="trainer")
+    assert broken.compute_dtype == torch.float32
+    assert diagnose(broken).cause == "fp16_ignored"
+    assert "fp16_ignored" not in diagnose(lab.fp16_ignored("supported", steps=3, path="trainer"))
