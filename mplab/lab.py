@@ -16,6 +16,7 @@ are seeded: the same call gives the same record.
 from __future__ import annotations
 
 import inspect
+import statistics
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -325,7 +326,8 @@ def compare_bf16_fixes(steps: int = 40, device="auto", lr: float = LR / 10) -> T
                     "stochastic": "bf16 + stochastic rounding (seed 0)"}[fix],
             "fix": fix,
             "bytes per weight": BF16_FIX_BYTES[fix],
-            "mean loss, last 10 steps": sum(last) / len(last),
+            "mean loss, last 10 steps": statistics.mean(last),
+            "loss std, last 10 steps": statistics.stdev(last) if len(last) > 1 else 0.0,
             "weights unchanged per step": (sorted(unchanged)[len(unchanged) // 2]
                                            if unchanged else 0.0),
             "distance from fp32 master": off / moved if moved else float("nan"),

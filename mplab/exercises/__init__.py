@@ -154,6 +154,14 @@ def choice_list(choices: dict[str, str]) -> str:
     return "\n".join(f"- ({letter}) {text}" for letter, text in choices.items())
 
 
+def one_letter(answer, choices: dict[str, str]) -> str:
+    """The letter a learner chose, lower-cased, or :class:`Incorrect` naming the letters."""
+    if not isinstance(answer, str) or answer.strip().lower() not in choices:
+        raise Incorrect("Answer with one letter: " + ", ".join(f'"{k}"' for k in choices)
+                        + f"; got {answer!r:.40}.")
+    return answer.strip().lower()
+
+
 def python_block(source: str) -> str:
     """Code to read (to fix, convert or compare) as a fenced markdown block."""
     code = source.strip("\n")
@@ -227,6 +235,9 @@ class Exercise:
     blank: Callable[[Any], bool] = is_blank
 
 
+LESSON_FUNCTIONS = ("check", "hint", "solution", "exercise_cells", "cells", "task_markdown")
+
+
 class Lesson:
     """A lesson's exercises, plus the state a session keeps: hint stages and revealed solutions."""
 
@@ -235,6 +246,11 @@ class Lesson:
         self.exercises = {e.id: e for e in exercises}
         self.import_code = f"from mplab.exercises import lesson{number} as ex"
         self.reset()
+
+    def functions(self):
+        """What a lesson module offers a notebook, in the order of `LESSON_FUNCTIONS`:
+        ``check, hint, solution, exercise_cells, cells, task_markdown = LESSON.functions()``."""
+        return tuple(getattr(self, name) for name in LESSON_FUNCTIONS)
 
     def reset(self) -> None:
         """Forget hint stages and revealed solutions (a fresh session)."""

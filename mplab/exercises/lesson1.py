@@ -414,9 +414,4 @@ EXERCISES = {e.id: e for e in [
 ]}
 
 LESSON = Lesson(1, list(EXERCISES.values()))
-check = LESSON.check
-hint = LESSON.hint
-solution = LESSON.solution
-exercise_cells = LESSON.exercise_cells
-cells = LESSON.cells
-task_markdown = LESSON.task_markdown
+check, hint, solution, exercise_cells, cells, task_markdown = LESSON.functions()

@@ -18,7 +18,6 @@ import torch
 
 from mplab.exercises import (
     Exercise,
-    Incorrect,
     Lesson,
     as_number,
     blank_function,
@@ -27,6 +26,7 @@ from mplab.exercises import (
     choice_list,
     is_blank,
     need_function,
+    one_letter,
     python_block,
 )
 
@@ -257,10 +257,7 @@ WHY_NOT_3_4 = {
 
 
 def _check_3_4(answer) -> str | None:
-    if not isinstance(answer, str) or answer.strip().lower() not in CHOICES_3_4:
-        raise Incorrect("Answer with one letter: \"a\", \"b\", \"c\" or \"d\"; got "
-                        f"{answer!r:.40}.")
-    letter = answer.strip().lower()
+    letter = one_letter(answer, CHOICES_3_4)
     return None if letter == "b" else WHY_NOT_3_4[letter]
 
 
@@ -483,9 +480,4 @@ EXERCISES = {e.id: e for e in [
 ]}
 
 LESSON = Lesson(3, list(EXERCISES.values()))
-check = LESSON.check
-hint = LESSON.hint
-solution = LESSON.solution
-exercise_cells = LESSON.exercise_cells
-cells = LESSON.cells
-task_markdown = LESSON.task_markdown
+check, hint, solution, exercise_cells, cells, task_markdown = LESSON.functions()

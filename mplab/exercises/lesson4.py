@@ -25,6 +25,7 @@ from mplab.exercises import (
     choice_list,
     is_blank,
     need_function,
+    one_letter,
     python_block,
 )
 from mplab.lessons import lesson_trace
@@ -186,15 +187,8 @@ WHY_NOT_4_3 = {
 }
 
 
-def _choice(answer, choices) -> str:
-    if not isinstance(answer, str) or answer.strip().lower() not in choices:
-        raise Incorrect("Answer with one letter: " + ", ".join(f'"{k}"' for k in choices)
-                        + f"; got {answer!r:.40}.")
-    return answer.strip().lower()
-
-
 def _check_4_3(answer) -> str | None:
-    letter = _choice(answer, CHOICES_4_3)
+    letter = one_letter(answer, CHOICES_4_3)
     return None if letter == "b" else WHY_NOT_4_3[letter]
 
 
@@ -222,7 +216,7 @@ def _check_4_4(answer) -> str | None:
                         f"\"aten::addmm\"; got {op!r:.40}.")
     op = op.strip() if op.strip().startswith("aten::") else "aten::" + op.strip()
     forced = lesson_trace().fp32_ops
-    reason = _choice(answer["layer_norm"], REASONS_4_4)
+    reason = one_letter(answer["layer_norm"], REASONS_4_4)
     if op not in forced:
         kinds = _kinds_of(op)
         if not kinds:
@@ -341,9 +335,4 @@ EXERCISES = {e.id: e for e in [
 ]}
 
 LESSON = Lesson(4, list(EXERCISES.values()))
-check = LESSON.check
-hint = LESSON.hint
-solution = LESSON.solution
-exercise_cells = LESSON.exercise_cells
-cells = LESSON.cells
-task_markdown = LESSON.task_markdown
+check, hint, solution, exercise_cells, cells, task_markdown = LESSON.functions()

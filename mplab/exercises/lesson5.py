@@ -29,6 +29,7 @@ from mplab.exercises import (
     choice_list,
     is_blank,
     need_function,
+    one_letter,
     python_block,
 )
 from mplab.hardware import has_units
@@ -232,7 +233,7 @@ def right_5_2() -> str:
 
 
 def _check_5_2(answer) -> str | None:
-    letter = _choice(answer, CHOICES_5_2)
+    letter = one_letter(answer, CHOICES_5_2)
     right = right_5_2()
     if letter == right:
         return None
@@ -250,13 +251,6 @@ def _check_5_2(answer) -> str | None:
              f"precision); size decides how much low precision gains, not whether it happens. "
              f"The fp16 run's audit observed its matmuls in {ran}: why?",
     }[letter]
-
-
-def _choice(answer, choices) -> str:
-    if not isinstance(answer, str) or answer.strip().lower() not in choices:
-        raise Incorrect("Answer with one letter: " + ", ".join(f'"{k}"' for k in choices)
-                        + f"; got {answer!r:.40}.")
-    return answer.strip().lower()
 
 
 # --- 5.3 read an audit ------------------------------------------------------------------------
@@ -524,9 +518,4 @@ EXERCISES = {e.id: e for e in [
 ]}
 
 LESSON = Lesson(5, list(EXERCISES.values()))
-check = LESSON.check
-hint = LESSON.hint
-solution = LESSON.solution
-exercise_cells = LESSON.exercise_cells
-cells = LESSON.cells
-task_markdown = LESSON.task_markdown
+check, hint, solution, exercise_cells, cells, task_markdown = LESSON.functions()

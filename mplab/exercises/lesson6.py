@@ -429,10 +429,5 @@ EXERCISES = {e.id: e for e in [
 ]}
 
 LESSON = Lesson(6, list(EXERCISES.values()))
-check = LESSON.check
-hint = LESSON.hint
-solution = LESSON.solution
-exercise_cells = LESSON.exercise_cells
-cells = LESSON.cells
-task_markdown = LESSON.task_markdown
+check, hint, solution, exercise_cells, cells, task_markdown = LESSON.functions()
 

@@ -26,17 +26,10 @@ from mplab.exercises import (
     choice_list,
     is_blank,
     need_function,
+    one_letter,
     python_block,
 )
 from mplab.hardware import has_units
-
-
-def _choice(answer, choices) -> str:
-    if not isinstance(answer, str) or answer.strip().lower() not in choices:
-        raise Incorrect("Answer with one letter: " + ", ".join(f'"{k}"' for k in choices)
-                        + f"; got {answer!r:.40}.")
-    return answer.strip().lower()
-
 
 # --- 7.1 why bf16 loses at the lesson size ----------------------------------------------------
 
@@ -55,7 +48,7 @@ def right_7_1() -> str:
 
 
 def _check_7_1(answer) -> str | None:
-    letter = _choice(answer, CHOICES_7_1)
+    letter = one_letter(answer, CHOICES_7_1)
     right = right_7_1()
     if letter == right:
         return None
@@ -302,7 +295,7 @@ WHY_NOT_7_5 = {
 
 
 def _check_7_5(answer) -> str | None:
-    letter = _choice(answer, CHOICES_7_5)
+    letter = one_letter(answer, CHOICES_7_5)
     return None if letter == "b" else WHY_NOT_7_5[letter]
 
 
@@ -311,9 +304,10 @@ def _check_7_5(answer) -> str | None:
 EXERCISES = {e.id: e for e in [
     Exercise(
         id="7.1", title="Why bf16 loses at the lesson size",
-        prompt="In your benchmark above, bf16 trains the lesson model (hidden 128, 2 layers) "
-               "no faster than fp32 on this CPU, or slower. Why? The check compares your "
-               "answer with what this machine has (its CPU's units).\n\n"
+        prompt="On a CPU, bf16 often trains the lesson model (hidden 128, 2 layers) no "
+               "faster than fp32, or slower (your table above shows what it did here). On "
+               "this machine's CPU, what makes bf16 lose at that size? The check compares "
+               "your answer with what this machine has (its CPU's units).\n\n"
                + choice_list(CHOICES_7_1),
         starter=cell("7.1: why bf16 does not pay at the lesson size here",
                      "answer = ...  # \"a\", \"b\", \"c\" or \"d\"", "7.1"),
@@ -436,9 +430,4 @@ EXERCISES = {e.id: e for e in [
 ]}
 
 LESSON = Lesson(7, list(EXERCISES.values()))
-check = LESSON.check
-hint = LESSON.hint
-solution = LESSON.solution
-exercise_cells = LESSON.exercise_cells
-cells = LESSON.cells
-task_markdown = LESSON.task_markdown
+check, hint, solution, exercise_cells, cells, task_markdown = LESSON.functions()
