@@ -3,7 +3,7 @@
     report = audit(model, optimizer, scaler=scaler, batch=batch, autocast=autocast)
     report                     # prints as a readable report: verdict, dtypes, silent fallbacks
     report.compute_dtype       # torch.bfloat16: what the matmuls really ran in (observed)
-    report.fallbacks           # each silent fallback found, in words
+    report.fallbacks           # each silent fallback found: Fallback(code, text)
     report.as_dict()           # plain JSON
 
 Asking for mixed precision is not getting it. Accelerate and the Trainer ignore fp16 on a CPU
@@ -40,6 +40,34 @@ from mplab.trace import MatmulDtypeProbe
 _LOW = (torch.float16, torch.bfloat16)
 DTYPE_FIELDS = ("param_dtype", "grad_dtype", "optimizer_state_dtype", "compute_dtype",
                 "output_dtype")
+
+#: Every silent fallback the audit names, by its code. The code is what other modules read
+#: (mplab.diagnose); the text, in the run's own figures, is for people.
+FALLBACKS = {
+    "fp16_ignored": "fp16 was asked for, but Accelerate (or the Trainer) ignored it on a CPU",
+    "autocast_inactive": "low precision was asked for, but the matmuls ran in fp32: the "
+                         "forward pass did not run inside an active autocast",
+    "autocast_off": "torch switched autocast off: it does not support the dtype on the device",
+    "low_precision_weights": "the weights are in low precision: no fp32 master weights",
+    "low_precision_states": "the optimizer's states are in low precision",
+    "scaler_with_bf16": "a GradScaler is used with bf16",
+}
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """One silent fallback: `code` (a key of FALLBACKS) and `text`, what happened in words."""
+
+    code: str
+    text: str
+
+    def __post_init__(self):
+        if self.code not in FALLBACKS:
+            raise ValueError(f"unknown fallback code {self.code!r}; accepted: "
+                             + ", ".join(map(repr, FALLBACKS)))
+
+    def __str__(self) -> str:
+        return self.text
 
 
 class Observer:
@@ -87,8 +115,8 @@ class Observer:
 @dataclass
 class Audit:
     """What one audit found. Dtypes are torch dtypes (None: nothing to look at); `*_dtypes`
-    count elements per dtype name; `fallbacks` name each silent fallback, `notes` explain
-    what is normal but surprising."""
+    count elements per dtype name; `fallbacks` name each silent fallback (`Fallback`),
+    `notes` explain what is normal but surprising."""
 
     param_dtype: torch.dtype | None = None
     grad_dtype: torch.dtype | None = None
@@ -101,8 +129,15 @@ class Audit:
     param_dtypes: dict[str, int] = field(default_factory=dict)
     grad_dtypes: dict[str, int] = field(default_factory=dict)
     optimizer_state_dtypes: dict[str, int] = field(default_factory=dict)
-    fallbacks: list[str] = field(default_factory=list)
+    fallbacks: list[Fallback] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    def has(self, code: str) -> bool:
+        """Does the audit name the fallback `code` (a key of FALLBACKS)?"""
+        if code not in FALLBACKS:
+            raise ValueError(f"unknown fallback code {code!r}; accepted: "
+                             + ", ".join(map(repr, FALLBACKS)))
+        return any(f.code == code for f in self.fallbacks)
 
     @property
     def mixed(self) -> bool:
@@ -136,6 +171,7 @@ class Audit:
     @classmethod
     def from_dict(cls, data: dict) -> Audit:
         data = {k: v for k, v in data.items() if k not in ("mixed", "verdict")}
+        data["fallbacks"] = [Fallback(**f) for f in data.get("fallbacks", [])]
         for key in DTYPE_FIELDS:
             data[key] = dtype_from_name(data.get(key))
         if data.get("autocast"):
@@ -157,7 +193,7 @@ class Audit:
 
     def __str__(self) -> str:
         lines = [str(self.table())]
-        lines += [f"\nSILENT FALLBACK: {f}" for f in self.fallbacks]
+        lines += [f"\nSILENT FALLBACK: {f.text}" for f in self.fallbacks]
         lines += [f"\nnote: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -166,7 +202,8 @@ class Audit:
     def _repr_html_(self) -> str:
         import html
 
-        items = [f"<li><b>silent fallback:</b> {html.escape(f)}</li>" for f in self.fallbacks]
+        items = [f"<li><b>silent fallback:</b> {html.escape(f.text)}</li>"
+                 for f in self.fallbacks]
         items += [f"<li>note: {html.escape(n)}</li>" for n in self.notes]
         return self.table()._repr_html_() + (f"<ul>{''.join(items)}</ul>" if items else "")
 
@@ -304,7 +341,7 @@ def _watch_one_step(model, batch, autocast) -> Observer:
 
 # ---- what it concludes ----------------------------------------------------------------------
 
-def _fallbacks(report: Audit, model, result, accelerator) -> tuple[list[str], list[str]]:
+def _fallbacks(report: Audit, model, result, accelerator) -> tuple[list[Fallback], list[str]]:
     found, notes = [], []
     asked = _asked_dtype(report.asked) if report.asked else None
     compute, ac = report.compute_dtype, report.autocast
@@ -314,43 +351,55 @@ def _fallbacks(report: Audit, model, result, accelerator) -> tuple[list[str], li
         who = ("the Trainer (through Accelerate)" if path == "trainer"
                else "Accelerate" if accelerator is not None or path == "accelerate" else None)
         if asked == torch.float16 and device == "cpu" and who:
-            found.append(f"fp16 was asked for, but {who} ignores fp16 on a CPU, without a "
-                         f"warning: no autocast, no GradScaler, and the matmuls ran in "
-                         f"{dtype_name(compute)}. This was an fp32 run. On a CPU use bf16; fp16 "
-                         "needs a GPU")
+            found.append(Fallback("fp16_ignored",
+                                  f"fp16 was asked for, but {who} ignores fp16 on a CPU, "
+                                  f"without a warning: no autocast, no GradScaler, and the "
+                                  f"matmuls ran in {dtype_name(compute)}. This was an fp32 run. "
+                                  "On a CPU use bf16; fp16 needs a GPU"))
         elif ac and not ac["enabled"] and ac["dtype"] is not None:
             pass  # said below, with the reason
         else:
-            found.append(f"{report.asked} was asked for, but the matmuls ran in "
-                         f"{dtype_name(compute)}: autocast did not act (did the forward pass run "
-                         "inside the autocast context?)")
+            found.append(Fallback("autocast_inactive",
+                                  f"{report.asked} was asked for, but the matmuls ran in "
+                                  f"{dtype_name(compute)}: autocast did not act (did the forward "
+                                  "pass run inside the autocast context, on its device?)"))
     fp32_run = report.asked == "fp32"  # mplab's fp32 runs hold autocast(enabled=False)
     if ac and ac["by"] == "torch.autocast" and not ac["enabled"] and ac["dtype"] is not None \
-            and not fp32_run and not _autocast_supported(ac["device"], ac["dtype"]):
-        accepted = [dtype_name(d) for d in _LOW if _autocast_supported(ac["device"], d)]
-        found.append(f"autocast is off: torch does not support {dtype_name(ac['dtype'])} "
-                     f"autocast on {ac['device']} (it disabled it with one UserWarning), so "
-                     f"everything ran in {dtype_name(compute) or 'float32'}. Accepted there: "
-                     f"{', '.join(accepted)}")
+            and not fp32_run and not autocast_supported(ac["device"], ac["dtype"]):
+        accepted = [dtype_name(d) for d in _LOW if autocast_supported(ac["device"], d)]
+        why = (f"torch does not support {dtype_name(ac['dtype'])} autocast on {ac['device']}"
+               if accepted or ac["device"] != "cuda" else
+               "this machine has no CUDA GPU, so torch cannot autocast on 'cuda'")
+        found.append(Fallback("autocast_off",
+                              f"autocast is off: {why} (it disabled it with one UserWarning), "
+                              f"so everything ran in {dtype_name(compute) or 'float32'}. "
+                              f"Accepted there: {', '.join(accepted) or 'nothing'}"
+                              + ("" if accepted else "; autocast on the device the model is "
+                                 f"on, {_device_of(model)!r}")))
     if report.param_dtype in _LOW:
         saved = getattr(getattr(model, "config", None), "dtype", None)
         how = (f"the checkpoint was saved in {dtype_name(saved)} and loaded as saved "
                "(transformers' dtype='auto')" if saved in _LOW else "the model was cast to it")
         weights = dtype_name(report.param_dtype)
-        found.append(f"the weights are {weights}: {how}, so there are no fp32 master weights "
-                     f"and every update is rounded to {weights}: pure low precision, not "
-                     "mixed. Load or keep "
-                     "the weights in float32 (mplab.models.load_pretrained(..., dtype="
-                     "torch.float32), model.float())")
+        found.append(Fallback("low_precision_weights",
+                              f"the weights are {weights}: {how}, so there are no fp32 master "
+                              f"weights and every update is rounded to {weights}: pure low "
+                              "precision, not mixed. Load or keep the weights in float32 "
+                              "(mplab.models.load_pretrained(..., dtype=torch.float32), "
+                              "model.float())"))
     if report.optimizer_state_dtype in _LOW:
-        found.append(f"the optimizer's states are {dtype_name(report.optimizer_state_dtype)}: "
-                     "Adam's running averages lose the small updates they exist to keep; they "
-                     "follow the weights' dtype, so keep the weights in float32")
+        found.append(Fallback("low_precision_states",
+                              f"the optimizer's states are "
+                              f"{dtype_name(report.optimizer_state_dtype)}: Adam's running "
+                              "averages lose the small updates they exist to keep; they follow "
+                              "the weights' dtype, so keep the weights in float32"))
     low_run = compute == torch.bfloat16 or (compute is None and asked == torch.bfloat16)
     if report.scaler and report.scaler["enabled"] and low_run:
-        found.append("a GradScaler is used with bf16: bf16 has fp32's exponent range, so its "
-                     "gradients do not underflow and need no scaling; the scaler only costs "
-                     "time and can skip steps for nothing. Use it with fp16 only")
+        found.append(Fallback("scaler_with_bf16",
+                              "a GradScaler is used with bf16: bf16 has fp32's exponent range, so "
+                              "its gradients do not underflow and need no scaling; the scaler "
+                              "only costs time and can skip steps for nothing. Use it with fp16 "
+                              "only"))
     if compute in _LOW and report.output_dtype == torch.float32 and (
             (ac or {}).get("by", "").startswith("Accelerate") or path in ("accelerate", "trainer")):
         notes.append(f"the model's output is float32 although its matmuls ran in "
@@ -362,8 +411,8 @@ def _fallbacks(report: Audit, model, result, accelerator) -> tuple[list[str], li
     return found, notes
 
 
-def _autocast_supported(device: str, dtype: torch.dtype) -> bool:
-    """Whether torch keeps autocast on for `dtype` on `device` (asked of torch itself)."""
+def autocast_supported(device: str, dtype: torch.dtype) -> bool:
+    """Whether torch keeps autocast on for `dtype` on `device` here (asked of torch itself)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

@@ -10,6 +10,11 @@ skipped, the gradient norms, what the hooks saw (gradient entries that were 0, l
 weights a step left unchanged, the scaler's calls per iteration), the device's units and the
 audit (which dtypes really ran). Each `Finding` says the cause, the evidence in the run's own
 numbers, and the fix. The checks run in order of harm; a run with none is reported healthy.
+
+What other modules tell it comes as codes, never as their sentences: the audit's fallback
+codes (`mplab.audit.FALLBACKS`), `TrainResult.stop_reason`, `TrainResult.path` (`OWN_LOOP`),
+a bench row's `has_units`. Each check declares the causes it can name (`@emits`); `CAUSES`
+is the one list of them, and `mplab.lab` reproduces each one a training run can show.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ from __future__ import annotations
 import html
 import json
 import math
-import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,13 +30,14 @@ import torch
 
 from mplab.formats import dtype_name
 from mplab.train.common import NonFiniteLossError
-from mplab.train.result import TrainResult
+from mplab.train.result import OWN_LOOP, TrainResult
 
 SEVERITIES = ("broken", "warning", "note")
 
 #: Every cause diagnose can name, with a short title.
 CAUSES = {
     "fp16_overflow": "an fp16 activation overflowed: the loss became inf/NaN",
+    "scaler_bypassed": "optimizer.step() on scaled gradients: scaler.step() never ran",
     "diverged": "the weights diverged: the loss became inf/NaN",
     "scale_collapse": "the loss scale collapsed toward 0 (every step skipped)",
     "extra_update": "GradScaler.update() ran more than once per iteration",
@@ -40,7 +45,7 @@ CAUSES = {
     "clip_before_unscale": "gradients clipped before scaler.unscale_()",
     "no_scaler": "fp16 without a GradScaler: gradients underflow to 0",
     "fp16_ignored": "fp16 was asked for but silently ignored",
-    "autocast_off": "autocast was switched off for this device and dtype",
+    "autocast_off": "autocast was off, or not around the forward pass: an fp32 run",
     "no_units": "low precision on a CPU without units for it: slow",
     "pure_low_precision": "weights stored in low precision: no fp32 master weights",
     "compensated_weights": "bf16 weights with compensated or stochastic updates",
@@ -51,6 +56,18 @@ CAUSES = {
     "too_small": "the matrices are too small for low precision to pay",
     "pays": "low precision pays on this machine",
 }
+
+
+def emits(*causes: str):
+    """Declare the causes a check can name (keys of CAUSES): the registry's other half."""
+    unknown = [c for c in causes if c not in CAUSES]
+    if unknown:
+        raise ValueError(f"unknown cause(s) {unknown}; CAUSES lists {', '.join(CAUSES)}")
+
+    def declare(check):
+        check.causes = causes
+        return check
+    return declare
 
 
 @dataclass
@@ -174,6 +191,7 @@ def _load(result) -> TrainResult:
                     f"NonFiniteLossError; got {type(result).__name__}")
 
 
+@emits("no_units", "too_small", "pays")
 def _bench(record: dict) -> Diagnosis:
     """Per low precision the benchmark trained: no units (it never pays), too small (it pays
     from some size up, or at no size measured), or it pays; in the record's own figures."""
@@ -184,8 +202,7 @@ def _bench(record: dict) -> Diagnosis:
         speeds = ", ".join(f"{r['workload'].removeprefix('train ')}: "
                            f"{r['speedup_vs_fp32']:.2f}× fp32" for r in models)
         evidence = [f"{p} trained {speeds}", found["text"]]
-        no_units = any(f"no {p} units" in r.get("explanation", "") for r in models)
-        if no_units:
+        if any(r.get("has_units") is False for r in models):
             findings.append(Finding("no_units", "warning",
                                     f"this device has no {p} units: {p} never pays here",
                                     evidence, f"train in fp32 here; {p} pays on hardware with "
@@ -256,17 +273,25 @@ def _setting(result: TrainResult, name: str, default: float) -> float:
     return value if isinstance(value, (int, float)) else default
 
 
-def _fallback(result: TrainResult, words: str) -> str | None:
+def _fallback(result: TrainResult, *codes: str) -> str | None:
+    """The text of the audit's first fallback with one of `codes`, or None."""
     found = result.audit.fallbacks if result.audit is not None else []
-    return next((f for f in found if words in f), None)
+    return next((f.text for f in found if f.code in codes), None)
+
+
+def _bypassed(r: TrainResult) -> list[tuple[int, dict]]:
+    """(iteration, calls) where the loss was scaled but scaler.step() never ran."""
+    return [(i + 1, c) for i, c in enumerate(r.scaler_calls)
+            if c.get("scale", 0) > 0 and c.get("step", 0) == 0]
 
 
 # ---- the checks, in order of harm -------------------------------------------------------------
 
+@emits("fp16_overflow", "diverged")
 def _non_finite(r: TrainResult) -> list[Finding]:
     bad = [i + 1 for i, v in enumerate(r.losses) if not math.isfinite(v)]
-    stopped = r.stopped and re.search(r"the loss is -?(nan|inf)\b", r.stopped)  # common.py's
-    if not bad and not stopped:
+    stopped = r.stop_reason == "non_finite_loss"
+    if not bad and not stopped or _bypassed(r):  # a bypassed scaler is its own cause
         return []
     step = bad[0] if bad else len(r.losses) + 1
     evidence = [f"step {step}: the loss is not finite"
@@ -301,6 +326,52 @@ def _non_finite(r: TrainResult) -> list[Finding]:
                     "mplab.trace shows the largest activation of each layer")]
 
 
+@emits("scaler_bypassed")
+def _scaler_bypass(r: TrainResult) -> list[Finding]:
+    bypassed = _bypassed(r)
+    if not bypassed or len(bypassed) < len(r.scaler_calls) / 2:
+        return []
+    first, c = bypassed[0]
+    scale = r.config.get("init_scale")
+    times = f"{scale:g}× (the scale)" if isinstance(scale, (int, float)) else "the scale times"
+    evidence = [f"in {len(bypassed)} of {len(r.scaler_calls)} iterations the loss was scaled "
+                f"but scaler.step() never ran (iteration {first}: scale {c.get('scale', 0)}×, "
+                f"unscale_ {c.get('unscale_', 0)}×, step {c.get('step', 0)}×, update "
+                f"{c.get('update', 0)}×): nothing divided the gradients by the scale again"]
+    bad = [i + 1 for i, v in enumerate(r.losses) if not math.isfinite(v)]
+    if bad:
+        evidence.append(f"step {bad[0]}: the loss is not finite; the optimizer took steps "
+                        f"{times} too large, and an inf gradient was never skipped")
+    return [Finding("scaler_bypassed", "broken",
+                    "optimizer.step() ran on the scaled gradients: every update was the scale "
+                    "times too large, and steps with inf/NaN gradients were not skipped",
+                    evidence,
+                    "after scaler.scale(loss).backward(), step through the scaler: "
+                    "scaler.step(optimizer) (it unscales, and skips a step with inf/NaN), then "
+                    "scaler.update(); never optimizer.step() directly")]
+
+
+@emits("diverged")
+def _rising(r: TrainResult) -> list[Finding]:
+    """A finite loss whose last quarter lies above twice its first value: diverging."""
+    losses = r.losses
+    if len(losses) < 8 or not all(map(math.isfinite, losses)):
+        return []
+    k = max(2, len(losses) // 4)
+    later = statistics.median(losses[-k:])
+    if later <= 2 * losses[0]:
+        return []
+    lr = r.config.get("lr")
+    return [Finding("diverged", "broken",
+                    "the loss climbed instead of falling: the updates are too large for the "
+                    "model, whatever the precision",
+                    [f"the loss went from {losses[0]:.4g} at step 1 to {later:.4g} (the median "
+                     f"of the last {k} steps)"],
+                    f"lower the learning rate{f' (lr={lr:g})' if lr else ''}, use a warm-up, "
+                    "or clip gradients (max_grad_norm)")]
+
+
+@emits("scale_collapse")
 def _scale_collapse(r: TrainResult) -> list[Finding]:
     tail = _trailing_skips(r)
     if not r.scales or tail < 8 or r.scales[-1] >= 1:
@@ -334,6 +405,7 @@ def _scale_collapse(r: TrainResult) -> list[Finding]:
                     "scaler.get_scale() < 1")]
 
 
+@emits("extra_update", "accumulation_scaler")
 def _scaler_calls(r: TrainResult) -> list[Finding]:
     calls = r.scaler_calls
     if calls:
@@ -387,6 +459,7 @@ def _scale_jumps(r: TrainResult) -> list[str]:
     return []
 
 
+@emits("clip_before_unscale")
 def _clip_before_unscale(r: TrainResult) -> list[Finding]:
     if not r.scales or not r.grad_norms:
         return []
@@ -416,9 +489,10 @@ def _clip_before_unscale(r: TrainResult) -> list[Finding]:
                     "then does not unscale again)")]
 
 
+@emits("no_scaler")
 def _no_scaler(r: TrainResult) -> list[Finding]:
     # mplab.train's paths always scale fp16; only a loop of one's own can leave it out
-    scaled = bool(r.scales) or r.path != "own loop" or r.config.get("scaler") is not None
+    scaled = bool(r.scales) or r.path != OWN_LOOP or r.config.get("scaler") is not None
     if r.precision != "fp16" or r.compute_dtype not in (None, torch.float16) or scaled:
         return []
     if r.compute_dtype is None and r.audit is not None and r.audit.compute_dtype is None:
@@ -443,23 +517,28 @@ def _no_scaler(r: TrainResult) -> list[Finding]:
                     "`scaler.update()`; or train in bf16, whose range needs no scaling")]
 
 
+@emits("fp16_ignored", "autocast_off")
 def _ignored(r: TrainResult) -> list[Finding]:
     found = []
-    said = _fallback(r, "ignores fp16")
+    said = _fallback(r, "fp16_ignored")
     if said:
         found.append(Finding("fp16_ignored", "warning",
                              "fp16 was asked for, but it was silently ignored: this was an "
                              "fp32 run", [said],
                              "on a CPU ask for bf16 (with bf16 units) or fp32; fp16 needs a "
                              "GPU, where the same flag works"))
-    said = _fallback(r, "autocast is off")
+    said = _fallback(r, "autocast_off", "autocast_inactive")
     if said:
         found.append(Finding("autocast_off", "warning",
-                             "autocast was switched off, so the run was fp32", [said],
-                             "ask for a dtype this device's autocast supports"))
+                             "autocast did not act on the forward pass, so the run was fp32",
+                             [said],
+                             "build the autocast for the device the model is on, "
+                             "`torch.autocast(device.type, dtype=...)`, with a dtype it "
+                             "supports there, and run the forward pass inside it"))
     return found
 
 
+@emits("no_units")
 def _no_units(r: TrainResult) -> list[Finding]:
     ran = dtype_name(r.compute_dtype)
     if r.has_units is not False or r.compute_dtype is None or ran == "float32" \
@@ -468,7 +547,9 @@ def _no_units(r: TrainResult) -> list[Finding]:
     evidence = [f"the matmuls ran in {ran} on {r.device_name or r.device}, which has no "
                 f"{r.precision} arithmetic units: torch converts to fp32 and back around every "
                 "small block of work"]
-    evidence += [w for w in r.warnings if "on this CPU is slow" in w][:1]
+    if r.matmul_slowdown is not None:
+        evidence.append(f"before the run, a 256x256 matmul took {r.matmul_slowdown:.0f}× as "
+                        f"long in {r.precision} as in fp32 on one thread of this CPU")
     step = r.steady_step_seconds
     if step is not None:
         evidence.append(f"a steady step took {step * 1e3:.1f} ms")
@@ -480,6 +561,7 @@ def _no_units(r: TrainResult) -> list[Finding]:
                     "`python -m mplab.bench --quick` measures it")]
 
 
+@emits("pure_low_precision", "compensated_weights")
 def _low_weights(r: TrainResult) -> list[Finding]:
     weights = dtype_name(r.param_dtype)
     if r.param_dtype is None or weights == "float32":
@@ -518,6 +600,7 @@ def _low_weights(r: TrainResult) -> list[Finding]:
                     "(+2 bytes a weight) or rounding='stochastic' with a seed (+0 bytes)")]
 
 
+@emits("frequent_skips", "scale_calibrating")
 def _skips(r: TrainResult) -> list[Finding]:
     skipped, n = r.skipped_steps, len(r.losses)
     if not skipped or not r.scales or _trailing_skips(r) >= 8:
@@ -538,12 +621,14 @@ def _skips(r: TrainResult) -> list[Finding]:
                                f"{r.scales[-1]:g}"], "")]
 
 
+@emits("scaler_with_bf16")
 def _bf16_scaler(r: TrainResult) -> list[Finding]:
-    said = _fallback(r, "GradScaler is used with bf16")
+    said = _fallback(r, "scaler_with_bf16")
     return [Finding("scaler_with_bf16", "note", "bf16 needs no loss scaling", [said],
                     "drop the GradScaler for bf16")] if said else []
 
 
+@emits("stalled")
 def _stalled(r: TrainResult) -> list[Finding]:
     drop = _drop(r.losses)  # short runs are all noise: judge 100 steps or more
     if len(r.losses) < 100 or drop is None or drop >= 0.01 or _trailing_skips(r) >= 8:
@@ -554,5 +639,10 @@ def _stalled(r: TrainResult) -> list[Finding]:
                     "(TrainResult.versus)")]
 
 
-_CHECKS = (_non_finite, _scale_collapse, _scaler_calls, _clip_before_unscale, _no_scaler,
-           _ignored, _low_weights, _no_units, _skips, _bf16_scaler)
+#: The checks of a training record, in order of harm; `_stalled` runs after them when none
+#: found the run broken. `_bench` reads a bench record.
+_CHECKS = (_scaler_bypass, _non_finite, _rising, _scale_collapse, _scaler_calls,
+           _clip_before_unscale, _no_scaler, _ignored, _low_weights, _skips, _no_units,
+           _bf16_scaler)
+RUN_CHECKS = (*_CHECKS, _stalled)
+BENCH_CHECKS = (_bench,)

@@ -215,9 +215,10 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
     """Run a notebook in a fresh kernel and score its exercises.
 
     Returns ``{"notebook", "lesson", "total", "max", "exercises": [{"id", "status", "points",
-    "max_points", "message", "solution_viewed"}], "problems": [{"cell", "exercise", "problem"}],
-    "with_solutions", "elapsed_s"}``; status is one of "passed", "failed", "not attempted",
-    "error"; a problem's "cell" is its position in the notebook, counting from 1.
+    "max_points", "message", "solution_viewed", "attempts"}], "problems": [{"cell",
+    "exercise", "problem"}], "with_solutions", "elapsed_s"}``; status is one of "passed",
+    "failed", "not attempted", "error" (the last check's; "attempts" lists every check's, in
+    order); a problem's "cell" is its position in the notebook, counting from 1.
     Raises :class:`GradingError` for a missing file, a non-notebook, or no lesson.
     """
     if timeout <= 0 or cell_timeout <= 0:
@@ -247,7 +248,7 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
 
     rows = {xid: {"id": xid, "status": "not attempted", "points": 0, "max_points": ex.points,
                   "message": f'Never checked: no cell ran ex.check("{xid}", ...).',
-                  "solution_viewed": False}
+                  "solution_viewed": False, "attempts": []}
             for xid, ex in lesson.EXERCISES.items()}
     problems = []
     for event in run.events:  # in order: the last word on each exercise counts
@@ -259,6 +260,7 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
             if record.get("event") == "solution":
                 row["solution_viewed"] = True
             elif record.get("event") == "check" and record.get("status") in STATUSES:
+                row["attempts"].append(record["status"])
                 points = record.get("points", 0)
                 row.update(status=record["status"], message=str(record.get("message", "")),
                            points=min(points, row["max_points"]) if points else 0)

@@ -1,11 +1,24 @@
-"""What the machine at hand can do: the device to use and the CPU's low-precision units."""
+"""What the machine at hand can do: the device to use, the CPU's low-precision units, and how
+to time work on it (`time_matmul`, `synchronize`), for every floor above that measures.
+
+`MPLAB_CPU_FEATURES` makes mplab read the CPU as another kind would report it, to run the
+lessons or the tests as on that machine (the logic, not the speed, which stays this CPU's):
+a kind (`avx2`: no low-precision units; `avx512_bf16`; `amx`: bf16 and fp16 units) or a
+comma-separated list of the flags below, e.g. `MPLAB_CPU_FEATURES=avx2 python -m pytest`.
+"""
 
 from __future__ import annotations
 
+import os
 import platform
+import statistics
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from mplab.formats import get_format
 
 # CPU flags that decide whether bf16 / fp16 matmuls have hardware behind them (x86 names).
 _LOW_PRECISION_FLAGS = {
@@ -18,6 +31,13 @@ _LOW_PRECISION_FLAGS = {
 
 #: The flags that give each low precision arithmetic units on a CPU.
 UNITS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+#: The CPUs mplab is run on, by the low-precision flags each reports.
+CPU_KINDS = {
+    "avx2": (),                                                  # no bf16 or fp16 units
+    "avx512_bf16": ("avx512_bf16", "f16c"),                      # bf16 units (e.g. Zen 4)
+    "amx": ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16", "f16c"),  # both (Xeon 6)
+}
+CPU_FEATURES_ENV = "MPLAB_CPU_FEATURES"
 
 
 def has_units(precision: str) -> bool:
@@ -29,6 +49,15 @@ def has_units(precision: str) -> bool:
                          + ", ".join(map(repr, UNITS)))
     feats = cpu_features()
     return any(feats[flag] for flag in UNITS[precision])
+
+
+def runs_fast(precision: str, device="auto") -> bool:
+    """Does `precision` compute at full speed on `device`? fp32 and tf32 always, any precision
+    on a GPU, bf16 or fp16 on a CPU only with units for it (without, tens of times slower).
+    Lessons and tests pick their sizes and step counts from it."""
+    if precision in ("fp32", "tf32") or resolve_device(device).type == "cuda":
+        return True
+    return has_units(precision)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -48,11 +77,35 @@ def resolve_device(device: str = "auto") -> torch.device:
     raise ValueError(f"unknown device {device!r}; accepted: 'auto', 'cpu', 'cuda'")
 
 
+def no_units_reason(precision: str) -> str:
+    """The words for a CPU without `precision` units: "this CPU has no bf16 arithmetic units
+    (no avx512_bf16 / amx_bf16)"."""
+    return (f"this CPU has no {precision} arithmetic units (no "
+            f"{' / '.join(UNITS[precision])})")
+
+
 def cpu_features() -> dict[str, bool]:
-    """Which low-precision units this CPU reports (from /proc/cpuinfo; all False elsewhere)."""
-    flags = next((set(line.partition(":")[2].split()) for line in _cpuinfo_lines()
-                  if line.startswith("flags")), set())
+    """Which low-precision units this CPU reports (from /proc/cpuinfo; all False elsewhere),
+    or the kind `MPLAB_CPU_FEATURES` names."""
+    override = os.environ.get(CPU_FEATURES_ENV, "").strip()
+    if override:
+        flags = set(_flags_of(override))
+    else:
+        flags = next((set(line.partition(":")[2].split()) for line in _cpuinfo_lines()
+                      if line.startswith("flags")), set())
     return {flag: flag in flags for flag in _LOW_PRECISION_FLAGS}
+
+
+def _flags_of(override: str) -> tuple[str, ...]:
+    if override in CPU_KINDS:
+        return CPU_KINDS[override]
+    flags = tuple(f.strip() for f in override.split(",") if f.strip())
+    unknown = sorted(set(flags) - set(_LOW_PRECISION_FLAGS))
+    if unknown:
+        raise ValueError(f"{CPU_FEATURES_ENV}={override!r}: unknown {', '.join(unknown)}; "
+                         f"accepted: a kind ({', '.join(CPU_KINDS)}) or flags from "
+                         f"{', '.join(_LOW_PRECISION_FLAGS)}, separated by commas")
+    return flags
 
 
 def describe(device: str = "auto") -> str:
@@ -72,3 +125,68 @@ def _cpuinfo_lines() -> list[str]:
         return Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return []
+
+
+# ---- timing work on a device ------------------------------------------------------------------
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work (a GPU runs asynchronously; a CPU has none queued)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class MatmulTiming:
+    """One n×n @ n×n matmul in one precision: median (and best) seconds over `repeats` runs."""
+
+    precision: str
+    n: int
+    device: str
+    seconds: float
+    repeats: int
+    best: float = 0.0
+
+    @property
+    def gflops(self) -> float:
+        return 2 * self.n ** 3 / self.seconds / 1e9
+
+    @property
+    def bytes_per_matrix(self) -> int:
+        return self.n * self.n * get_format(self.precision).bits // 8
+
+
+def time_matmul(n: int, precision="fp32", device="auto", budget_s: float = 0.5,
+                max_repeats: int = 50, threads: int | None = None) -> MatmulTiming:
+    """Time `a @ b` for random n×n matrices stored in `precision`, repeating until `budget_s`
+    is spent. One warm-up run first; slow precisions (fp16 on a CPU without fp16 units) get
+    few repeats. `threads` times a CPU matmul on that many threads (then restores torch's).
+
+    One thread is the fair ratio on a shared 2-core machine: a two-thread fp32 matmul (0.6 ms
+    at n=256) waits 10-15 ms whenever the other core is busy; one thread never waits, and the
+    low/fp32 ratio per thread is the hardware's.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    f = get_format(precision)
+    if f.dtype() is None:
+        raise ValueError(f"{f.name} is not a storage dtype; time fp32 with TF32 matmuls instead")
+    dev = resolve_device(device)
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen).to(dev, f.dtype()) for _ in range(2))
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        a @ b
+        synchronize(dev)
+        times, start = [], time.perf_counter()
+        while len(times) < max_repeats and (time.perf_counter() - start < budget_s
+                                            or not times):
+            t0 = time.perf_counter()
+            a @ b
+            synchronize(dev)
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return MatmulTiming(f.name, n, dev.type, statistics.median(times), len(times), min(times))

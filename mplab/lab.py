@@ -11,6 +11,10 @@ setting) that a learner could have written, on the lab model (the lesson transfo
 hidden 64, one layer) and the shipped sentiment data, with a `Recorder` watching; `fix=`
 switches on the lines that repair it, so a broken run and its fix differ only there. Runs
 are seeded: the same call gives the same record.
+
+Each failure is named by the `mplab.diagnosis.CAUSES` entry its broken run reproduces; the
+causes a fixed run shows instead (a note that all is well) are its `fix_causes`. Together
+they reproduce every cause diagnose can name in a training run.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import torch
 from mplab._display import Table
 from mplab.bf16 import LowPrecisionUpdate
 from mplab.data import batches, encode, load_dataset
-from mplab.hardware import has_units, resolve_device
+from mplab.diagnosis import CAUSES, Diagnosis
+from mplab.hardware import UNITS, has_units, resolve_device
 from mplab.models import lesson_model, lesson_tokenizer
 from mplab.train import NonFiniteLossError, Recorder, TrainResult, TrainWarning, train
 
@@ -268,9 +273,140 @@ def fp16_ignored(fix=None, steps=10, path="accelerate") -> TrainResult:
 
 
 def no_units(fix=None, steps=10) -> TrainResult:
-    """fp16 autocast on a CPU: correct, and slow where the CPU has no fp16 units."""
-    precision = "fp32" if fix == "fp32" else "fp16"
+    """Low-precision autocast on a CPU without units for it: correct, and slow. fp16 where
+    the CPU has no fp16 units (most CPUs), else bf16 where it has none for bf16."""
+    missing = next((p for p in ("fp16", "bf16") if not has_units(p)), None)
+    if missing is None:
+        raise ValueError("this CPU has bf16 and fp16 units ("
+                         + ", ".join(f for p in UNITS for f in UNITS[p])
+                         + "), so low precision is never slow for want of them here: no_units "
+                         "cannot be reproduced on this machine")
+    precision = "fp32" if fix == "fp32" else missing
     return _train(lab_model(), precision=precision, steps=steps, device="cpu")
+
+
+def scaler_bypassed(fix=None, steps=20, device="auto") -> TrainResult:
+    """`optimizer.step()` after `scaler.scale(loss).backward()`: nothing unscales, so every
+    update is the scale (65536) times too large, and no step with inf/NaN gradients is
+    skipped. With SGD the run blows up at once. (AdamW divides the scale away, its update
+    being m / sqrt(v), which hides the bug until an inf gradient poisons its states.)"""
+    device = resolve_device(device)
+    model = lab_model().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    autocast = _autocast("fp16", device)
+    scaler = torch.amp.GradScaler(device.type)
+    with Recorder(model, optimizer, scaler=scaler, autocast=autocast) as rec:
+        for batch in lab_batches(steps, device=device):
+            with autocast:
+                loss = model(**batch).loss
+            scaler.scale(loss).backward()
+            if fix == "scaler_step":
+                scaler.step(optimizer)  # the fix: unscale, skip a step with inf/NaN, step
+                scaler.update()
+            else:
+                optimizer.step()  # the bug: a step on the scaled gradients
+            optimizer.zero_grad()
+            rec.step(loss)
+        return rec.finish()
+
+
+def diverged(fix=None, steps=12, device="auto") -> TrainResult:
+    """bf16 autocast and a learning rate 1000 times the lab's (AdamW at lr=1): the loss
+    climbs to tens. bf16 has fp32's range, so nothing overflowed: the weights diverged."""
+    device = resolve_device(device)
+    model = lab_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR if fix == "lower_lr" else 1.0)
+    autocast = _autocast("bf16", device)
+    with Recorder(model, optimizer, autocast=autocast) as rec:
+        for batch in lab_batches(steps, device=device):
+            with autocast:
+                loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            rec.step(loss)
+        return rec.finish()
+
+
+def autocast_off(fix=None, steps=10) -> TrainResult:
+    """`torch.autocast("cuda", dtype=torch.bfloat16)`, a line from a GPU tutorial, in a run
+    on the CPU: torch switches it off where there is no GPU, and where there is one it casts
+    only CUDA ops. Either way the CPU's matmuls run in fp32."""
+    device = torch.device("cpu")
+    model = lab_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    where = device.type if fix == "same_device" else "cuda"  # the fix: the model's device
+    with warnings.catch_warnings():  # torch's one warning; the record says it
+        warnings.simplefilter("ignore", UserWarning)
+        autocast = torch.autocast(where, dtype=torch.bfloat16)
+    with Recorder(model, optimizer, autocast=autocast) as rec:
+        for batch in lab_batches(steps, device=device):
+            with autocast:
+                loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            rec.step(loss)
+        return rec.finish()
+
+
+def scaler_with_bf16(fix=None, steps=10, device="auto") -> TrainResult:
+    """fp16 switched to bf16 with the GradScaler left in: harmless to the numbers (bf16
+    gradients do not underflow), but a check of every gradient each step, for nothing."""
+    device = resolve_device(device)
+    model = lab_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    autocast = _autocast("bf16", device)
+    scaler = torch.amp.GradScaler(device.type, enabled=fix != "drop_scaler")
+    with Recorder(model, optimizer, scaler=scaler, autocast=autocast) as rec:
+        for batch in lab_batches(steps, device=device):
+            with autocast:
+                loss = model(**batch).loss
+            scaler.scale(loss).backward()  # a disabled scaler passes the loss through
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            rec.step(loss)
+        return rec.finish()
+
+
+def frequent_skips(fix=None, steps=30, device="auto") -> TrainResult:
+    """A GradScaler set to grow after every clean step (growth_interval=1, from an init
+    scale of 2**24): it climbs until the gradients overflow fp16, backs off, and climbs
+    again, so about every other step is skipped. torch's default grows every 2000 steps."""
+    device = resolve_device(device)
+    model = lab_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    autocast = _autocast("fp16", device)
+    growth = {} if fix == "default_growth" else {"growth_interval": 1}  # the fix: no setting
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**24, **growth)
+    with Recorder(model, optimizer, scaler=scaler, autocast=autocast) as rec:
+        for batch in lab_batches(steps, device=device):
+            with autocast:
+                loss = model(**batch).loss
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            rec.step(loss)
+        return rec.finish()
+
+
+def stalled(fix=None, steps=100, device="auto") -> TrainResult:
+    """A learning rate 100 times too low (AdamW at 1e-5, fp32): nothing is wrong with the
+    precision, and in 100 steps the loss does not fall. (The lab model needs about 3e-3 to
+    leave its start, a loss of ln 2 = 0.693, within 100 steps.)"""
+    device = resolve_device(device)
+    model = lab_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3 if fix == "higher_lr" else 1e-5)
+    with Recorder(model, optimizer) as rec:
+        for batch in lab_batches(steps, device=device):
+            loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            rec.step(loss)
+        return rec.finish()
 
 
 def pure_bf16(fix=None, steps=40, device="auto", lr=LR / 10) -> TrainResult:
@@ -339,14 +475,20 @@ def compare_bf16_fixes(steps: int = 40, device="auto", lr: float = LR / 10) -> T
 
 @dataclass(frozen=True)
 class Failure:
-    """One failure: the diagnose cause it reproduces (`name`), what a learner sees, the
-    fixes `run` accepts (the first is the one the lesson applies) and the code that runs."""
+    """One failure: the diagnose cause it reproduces (`name`; its title is CAUSES'), what a
+    learner sees, the fixes `run` accepts (the first is the one the lesson applies), the
+    causes a fixed run shows instead (`fix_causes`: notes that all is well) and the code that
+    runs."""
 
     name: str
-    title: str
     symptom: str
     fixes: tuple[str, ...]
     runner: Callable[..., TrainResult]
+    fix_causes: tuple[tuple[str, str], ...] = ()  # (fix, the cause its run shows)
+
+    @property
+    def title(self) -> str:
+        return CAUSES[self.name]
 
     @property
     def code(self) -> str:
@@ -358,30 +500,39 @@ class Failure:
                              f"{', '.join(map(repr, self.fixes))} or None (the broken run)")
         return self.runner(fix=fix, **settings)
 
+    def fixed_in(self, diagnosis: Diagnosis) -> bool:
+        """Is the failure gone from a run's diagnosis? The only test that counts: diagnose no
+        longer names its cause (other findings, such as the CPU's, may stay)."""
+        return self.name not in diagnosis
+
 
 FAILURES = {f.name: f for f in [
-    Failure("fp16_overflow", "NaN from an fp16 activation overflow (T5)",
-            "the loss is NaN from the first step", ("bf16", "fp32_island"), fp16_overflow),
-    Failure("no_scaler", "fp16 without a GradScaler",
-            "it trains, but most gradient entries are exactly 0", ("scaler", "bf16"), no_scaler),
-    Failure("clip_before_unscale", "clipping before unscale_",
-            "training runs, the gradient norms are huge", ("unscale_first",),
-            clip_before_unscale),
-    Failure("extra_update", "a second update() in one iteration",
-            "the scale jumps around", ("update_once",), extra_update),
-    Failure("scale_collapse", "the scale collapsing toward 0 (#99640)",
-            "the loss is finite but flat; the scale halves every step", ("eps",),
-            scale_collapse),
-    Failure("fp16_ignored", "fp16 flags ignored on a CPU (Accelerate, Trainer)",
-            "fp16 trains exactly like fp32", ("supported",), fp16_ignored),
-    Failure("no_units", "fp16 autocast on a CPU without fp16 units",
-            "correct, but far slower than fp32", ("fp32",), no_units),
-    Failure("pure_low_precision", "pure bf16 by accident (bf16 weights and optimizer states)",
-            "the loss falls more slowly than fp32's, or stalls",
-            ("fp32_master", "kahan", "stochastic"), pure_bf16),
-    Failure("accumulation_scaler", "gradient accumulation with the scaler done wrongly",
-            "training runs, but learns from one micro-batch in four",
+    Failure("fp16_overflow", "the loss is NaN from the first step", ("bf16", "fp32_island"),
+            fp16_overflow),
+    Failure("scaler_bypassed", "the loss explodes to NaN in a step or two, nothing skipped",
+            ("scaler_step",), scaler_bypassed),
+    Failure("diverged", "the loss climbs far above where it started", ("lower_lr",), diverged),
+    Failure("no_scaler", "it trains, but most gradient entries are exactly 0",
+            ("scaler", "bf16"), no_scaler),
+    Failure("clip_before_unscale", "training runs, the gradient norms are huge",
+            ("unscale_first",), clip_before_unscale),
+    Failure("extra_update", "the scale jumps around", ("update_once",), extra_update),
+    Failure("scale_collapse", "the loss is finite but flat; the scale halves every step",
+            ("eps",), scale_collapse),
+    Failure("accumulation_scaler", "training runs, but learns from one micro-batch in four",
             ("step_only",), accumulation_scaler),
+    Failure("pure_low_precision", "the loss falls more slowly than fp32's, or stalls",
+            ("fp32_master", "kahan", "stochastic"), pure_bf16,
+            (("kahan", "compensated_weights"), ("stochastic", "compensated_weights"))),
+    Failure("frequent_skips", "about every other step is skipped, all run long",
+            ("default_growth",), frequent_skips, (("default_growth", "scale_calibrating"),)),
+    Failure("fp16_ignored", "fp16 trains exactly like fp32", ("supported",), fp16_ignored),
+    Failure("autocast_off", "bf16 was asked for, and every matmul ran in fp32",
+            ("same_device",), autocast_off),
+    Failure("no_units", "correct, but far slower than fp32", ("fp32",), no_units),
+    Failure("scaler_with_bf16", "nothing visible: bf16 with a GradScaler that never acts",
+            ("drop_scaler",), scaler_with_bf16),
+    Failure("stalled", "the loss stays where it started", ("higher_lr",), stalled),
 ]}
 
 

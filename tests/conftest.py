@@ -1,7 +1,9 @@
-"""What the exercise tests share: every lesson's exercises (found, not listed), a fresh learner
-session, cells run as Jupyter runs them, and the assertion that feedback explains."""
+"""What the tests share: every lesson's exercises (found, not listed), a fresh learner
+session, cells run as Jupyter runs them, the assertion that feedback explains, and the kind of
+machine a hardware-dependent test runs as (the `machine` fixture)."""
 
 import ast
+import dataclasses
 import functools
 import importlib
 import pkgutil
@@ -97,3 +99,49 @@ def course_run():
     print(f"\n600 fp32 steps, no attention mask: {result.train_seconds:.1f} s training "
           f"({result.seconds:.1f} s in all), accuracy {result.eval_accuracy:.3f}")
     return result, model
+
+
+# ---- the machine a test runs as ---------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """A kind of machine the suite runs as: its name, the device "auto" picks there, and
+    whether its CPU has bf16 and fp16 units (what `hardware.cpu_features()` reports)."""
+
+    kind: str
+    device: str
+    cpu_bf16: bool
+    cpu_fp16: bool
+
+    def units(self, precision: str) -> bool:
+        """Does the device compute `precision` at full speed (a GPU: always)?"""
+        if precision == "fp32" or self.device == "cuda":
+            return True
+        return {"bf16": self.cpu_bf16, "fp16": self.cpu_fp16}[precision]
+
+
+def machine_kinds() -> list[str]:
+    """Every CPU kind mplab meets (`hardware.CPU_KINDS`), and CUDA where there is a GPU."""
+    import torch
+
+    from mplab import hardware
+
+    return list(hardware.CPU_KINDS) + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=machine_kinds())
+def machine(request, monkeypatch) -> Machine:
+    """Run a test whose expectation depends on the hardware as on each kind of machine: the
+    CPU kinds through MPLAB_CPU_FEATURES (subprocesses inherit it) with "auto" kept on the
+    CPU, and a real GPU where there is one (its host CPU as it is). The logic is checked on
+    every kind, even where the speed cannot be: the arithmetic runs on this machine's units."""
+    import torch
+
+    from mplab import hardware
+
+    kind = request.param
+    if kind != "cuda":
+        monkeypatch.setenv(hardware.CPU_FEATURES_ENV, kind)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    return Machine(kind, hardware.resolve_device("auto").type, hardware.has_units("bf16"),
+                   hardware.has_units("fp16"))

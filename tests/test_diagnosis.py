@@ -4,6 +4,7 @@ diagnose, and its fix makes diagnose stop naming it; the hooks see what torch re
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 
@@ -19,25 +20,75 @@ from mplab.train.watch import ScalerCalls, StepWatch
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
+#: The failures whose outcome depends on the CPU's units: run under each kind (`machine`).
+ON_THE_HARDWARE = ("no_units", "fp16_ignored")
+
+
 @functools.cache
 def lab_run(name: str, fix: str | None = None) -> TrainResult:
-    return lab.run(name, fix=fix)
+    """A lab run on the CPU, whatever the machine (the CUDA runs are gpu_check.sh's)."""
+    runner = lab.FAILURES[name].runner
+    device = {"device": "cpu"} if "device" in inspect.signature(runner).parameters else {}
+    return lab.run(name, fix=fix, **device)
 
 
 # ---- the lab: reproduce, diagnose, fix --------------------------------------------------------
 
+def test_every_cause_has_a_check_and_the_lab_reproduces_each_a_run_can_show():
+    """One registry: each cause is declared by the check that names it; each one a training
+    run can show is what a lab failure's broken run reproduces, or one of its fixes' notes."""
+    from mplab.diagnosis import BENCH_CHECKS, RUN_CHECKS
+
+    from_runs = {c for check in RUN_CHECKS for c in check.causes}
+    from_bench = {c for check in BENCH_CHECKS for c in check.causes}
+    assert from_runs | from_bench == set(CAUSES)
+    reproduced = set(lab.FAILURES) | {c for f in lab.FAILURES.values() for _, c in f.fix_causes}
+    assert reproduced == from_runs
+    for name, failure in lab.FAILURES.items():
+        assert failure.title == CAUSES[name] and failure.fixes
+        assert {fix for fix, _ in failure.fix_causes} <= set(failure.fixes)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(lab.FAILURES))
+@pytest.mark.parametrize("name", [n for n in lab.FAILURES if n not in ON_THE_HARDWARE])
 def test_diagnose_names_each_lab_failure_and_not_after_its_fix(name):
     failure = lab.FAILURES[name]
     broken = diagnose(lab_run(name))
     assert name in broken, broken
-    assert next(f for f in broken.findings if f.name == name).severity in ("broken", "warning")
-    if name not in ("no_units", "fp16_ignored"):  # those two are the CPU's, not the loop's
+    found = next(f for f in broken.findings if f.name == name)
+    if found.severity != "note":  # a note (a scaler kept with bf16) lets a warning lead
         assert broken.cause == name, broken
-    fixed = diagnose(lab_run(name, failure.fixes[0]))
-    assert name not in fixed, fixed
-    assert not any(f.severity == "broken" for f in fixed.findings), fixed
+    notes = dict(failure.fix_causes)
+    for fix in failure.fixes:
+        fixed = diagnose(lab_run(name, fix))
+        assert failure.fixed_in(fixed) and name not in fixed, (fix, fixed)
+        assert not any(f.severity == "broken" for f in fixed.findings), (fix, fixed)
+        if fix in notes:
+            assert notes[fix] in fixed, (fix, fixed)
+
+
+@pytest.mark.parametrize("fix", [None, "fp32"])
+def test_low_precision_without_units_is_reproduced_where_the_cpu_lacks_them(machine, fix):
+    if machine.cpu_bf16 and machine.cpu_fp16:
+        with pytest.raises(ValueError, match="cannot be reproduced on this machine"):
+            lab.run("no_units", fix=fix)
+        return
+    result = lab.run("no_units", fix=fix)
+    missing = "fp16" if not machine.cpu_fp16 else "bf16"
+    assert result.precision == ("fp32" if fix else missing)
+    found = diagnose(result)
+    assert ("no_units" in found) == (fix is None) and found.cause == (None if fix else "no_units")
+
+
+def test_fp16_flags_are_ignored_on_a_cpu_and_the_fix_asks_for_what_it_supports(machine):
+    broken = lab_run("fp16_ignored")
+    assert broken.compute_dtype == torch.float32 and not broken.scales
+    fp32 = lab._train(lab.lab_model(), path="accelerate", precision="fp32", steps=10,
+                      device="cpu")
+    assert broken.losses == fp32.losses and diagnose(broken).cause == "fp16_ignored"
+    fixed = lab.run("fp16_ignored", fix="supported")
+    assert fixed.precision == ("bf16" if machine.cpu_bf16 else "fp32")
+    assert "fp16_ignored" not in diagnose(fixed)
 
 
 def test_the_accumulation_bug_is_what_torch_refuses_without_the_extra_updates():
@@ -93,18 +144,14 @@ def test_the_scale_halves_every_step_when_the_gradients_are_nan_at_any_scale():
 
 
 def test_the_scaler_calls_are_counted_per_iteration():
-    assert {tuple(c.values()) for c in lab_run("extra_update").scaler_calls} == {(2, 2, 2)}
-    assert {tuple(c.values()) for c in lab_run("extra_update", "update_once").scaler_calls} == {
-        (2, 2, 1)}
-    assert {tuple(c.values()) for c in lab_run("accumulation_scaler").scaler_calls} == {(4, 1, 4)}
+    def counted(*run):  # (scale, unscale_, step, update) per iteration
+        return {tuple(c.values()) for c in lab_run(*run).scaler_calls}
 
-
-def test_fp16_flags_are_ignored_on_a_cpu_and_the_run_equals_fp32():
-    broken = lab_run("fp16_ignored")
-    assert broken.compute_dtype == torch.float32 and not broken.scales
-    fp32 = lab._train(lab.lab_model(), path="accelerate", precision="fp32", steps=10,
-                      device="cpu")
-    assert broken.losses == fp32.losses
+    assert counted("extra_update") == {(1, 2, 2, 2)}
+    assert counted("extra_update", "update_once") == {(1, 2, 2, 1)}
+    assert counted("accumulation_scaler") == {(4, 4, 1, 4)}
+    assert counted("scaler_bypassed") == {(1, 0, 0, 0)}
+    assert counted("scaler_bypassed", "scaler_step") == {(1, 1, 1, 1)}
 
 
 @pytest.mark.slow
@@ -124,9 +171,10 @@ def test_pure_bf16_and_its_fixes_side_by_side():
     assert again.rows == table.rows
 
 
-def test_a_compensated_bf16_run_is_a_note_not_a_failure():
+def test_a_compensated_bf16_run_is_a_note_not_a_failure(machine):
     found = diagnose(lab.pure_bf16("kahan", steps=10))
-    assert found.names == ["compensated_weights"] and found.ok
+    slow = [] if machine.units("bf16") else ["no_units"]  # a warning about the CPU alone
+    assert found.names == slow + ["compensated_weights"] and found.ok == machine.units("bf16")
 
 
 def test_the_lab_rejects_unknown_failures_and_fixes():
@@ -281,7 +329,7 @@ def test_scaler_calls_wrap_and_unwrap_the_instance():
     scaler = torch.amp.GradScaler("cpu")
     calls = ScalerCalls(scaler)
     scaler.get_scale()
-    assert calls.counts() == {"unscale_": 0, "step": 0, "update": 0}
+    assert calls.counts() == {"scale": 0, "unscale_": 0, "step": 0, "update": 0}
     calls.remove()
     assert "update" not in scaler.__dict__
 
@@ -324,16 +372,17 @@ def test_the_gpu_check_runs_the_lab_within_its_five_minutes():
     assert "--device" in said
 
 
-def test_a_bench_record_is_diagnosed_from_its_own_rows(tmp_path):
-    from mplab import bench, hardware
+def test_a_bench_record_is_diagnosed_from_its_own_rows(tmp_path, machine):
+    from mplab import bench
 
     record = bench.lesson_bench(tiny=True)
     file = tmp_path / "bench.json"
     file.write_text(json.dumps(record))
     found = diagnose(str(file))
-    assert found.run.startswith("mplab.bench record on cpu")
-    fp16 = [f for f in found.findings if f.cause.startswith("this device has no fp16 units")]
-    assert bool(fp16) == (not hardware.has_units("fp16"))
+    assert found.run.startswith(f"mplab.bench record on {machine.device}")
+    for p in ("bf16", "fp16"):  # read off the rows' has_units, not off their words
+        named = [f for f in found.findings if f.cause.startswith(f"this device has no {p} ")]
+        assert bool(named) == (not machine.units(p)) and all(f.name == "no_units" for f in named)
     for f in found.findings:  # each speaks of the record's own figures
         assert any("× fp32" in e for e in f.evidence)
     assert diagnose(record).names == found.names
@@ -356,3 +405,19 @@ def test_the_trainer_ignores_fp16_on_a_cpu_and_diagnose_says_so():
     assert broken.compute_dtype == torch.float32
     assert diagnose(broken).cause == "fp16_ignored"
     assert "fp16_ignored" not in diagnose(lab.fp16_ignored("supported", steps=3, path="trainer"))
+
+
+def test_a_loop_that_steps_past_the_scaler_is_named_not_an_overflow():
+    """`optimizer.step()` after `scaler.scale(loss).backward()`: the record shows the loss
+    scaled every iteration and scaler.step() never, which no fp16 overflow explains."""
+    found = diagnose(lab_run("scaler_bypassed"))
+    assert found.cause == "scaler_bypassed" and "fp16_overflow" not in found
+    evidence = " ".join(found.findings[0].evidence)
+    assert "scaler.step() never ran" in evidence and "65536× (the scale)" in evidence
+
+
+def test_a_loss_that_climbs_is_diverged_whatever_the_precision():
+    result = lab_run("diverged")
+    assert all(map(math.isfinite, result.losses)) and result.losses[-1] > 2 * result.losses[0]
+    found = diagnose(result)
+    assert found.cause == "diverged" and "(lr=1)" in found.findings[0].fix

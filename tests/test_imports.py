@@ -5,7 +5,8 @@
 Nothing in the library imports a widget or an exercise (the grader, mplab.grade, belongs to the
 exercises); widgets and exercises do not import each other; the exact layer (float formats,
 casts, the GradScaler, the trace) imports nothing that trains or loads data, so it stands alone.
-No module, and no notebook, uses another module's private names.
+No module, and no notebook, uses another module's private names. No modules, and no packages,
+import each other in a circle (lazy imports inside functions count too).
 """
 
 import ast
@@ -161,3 +162,54 @@ def test_notebooks_use_only_public_names_of_mplab(path):
              for a in node.names if a.name.startswith("_")]
     used = private_uses(tree, module_aliases(tree, resolve))
     assert not taken + used, f"{path.name} reaches into private names: {taken + used}"
+
+
+def package_of(name: str) -> str:
+    """The floor a module belongs to: `mplab.train.run` -> `mplab.train`, `mplab.audit` itself."""
+    return ".".join(name.split(".")[:2])
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of more than one node (Tarjan's algorithm): each is a
+    circle of imports, lazy ones (inside a function) included."""
+    index, low, stack, found = {}, {}, [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while not part or part[-1] != v:
+                part.append(stack.pop())
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    graph = {m: {i for i in found if i != m} for m, found in IMPORTS.items()}
+    assert not circles(graph), "modules in an import circle (put the shared piece a floor " \
+        f"lower, as DESIGN.md says): {circles(graph)}"
+
+
+def test_no_packages_import_each_other_in_a_circle():
+    graph: dict[str, set[str]] = {}
+    for m, found in IMPORTS.items():
+        graph.setdefault(package_of(m), set()).update(
+            package_of(i) for i in found if package_of(i) != package_of(m))
+    assert not circles(graph), f"packages in an import circle: {circles(graph)}"

@@ -27,7 +27,7 @@ from mplab.train import (  # noqa: E402
     common,
     train,
 )
-from mplab.train.run import StepCounter  # noqa: E402
+from mplab.train.watch import StepCounter  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Tiny runs: a few steps of small batches, no evaluation (fp16 on this CPU is slow).

@@ -53,3 +53,40 @@ def test_the_chart_places_each_path_at_its_measured_lines_and_steps():
     assert ax.get_xlim()[0] > ax.get_xlim()[1]  # fewer lines (easier) to the right
     with pytest.raises(TypeError, match="compare.profiles"):
         plots.paths_chart([{"path": "torch"}])
+
+
+def test_the_counts_lessons_5_and_6_print_are_the_tagged_lines():
+    """The chart's figures, pinned: a change to a path's code moves them only through its
+    lines and tags, never through a variable's name."""
+    counts = {r["path"]: (r["lines of code"], r["steps you write"]) for r in compare.profiles()}
+    assert counts == {"torch": (29, "9 of 9"), "accelerate": (30, "6 of 9"),
+                      "trainer": (20, "0 of 9")}
+    assert compare.steps_written("accelerate") == ("backward", "unscale + clip",
+                                                   "optimizer step", "zero_grad",
+                                                   "lr schedule", "accumulation")
+    trainer = compare.method_lines("trainer")
+    assert "training_args = TrainingArguments(" in trainer and "trainer.train(" in " ".join(
+        trainer)
+    assert not any("Run.start" in line or "run.finish" in line for line in trainer)
+
+
+def test_a_tag_counts_its_statement_and_a_typo_is_an_error(monkeypatch):
+    def toy(run, scaler, loss):
+        with run.start() as r:  # [mplab]
+            # [loss scaling] [backward]
+            scaler.scale(loss).backward()
+            r.record(loss,  # the tag may sit on any line of the statement
+                     scaled=True)  # [mplab]
+
+    monkeypatch.setitem(compare.FUNCTIONS, "torch", f"{__name__}:toy")
+    globals()["toy"] = toy
+    assert compare.method_lines("torch") == ["scaler.scale(loss).backward()"]
+    assert compare.steps_written("torch") == ("loss scaling", "backward")
+
+    def typo(scaler, loss):
+        scaler.scale(loss).backward()  # [loss-scaling]
+
+    globals()["typo"] = typo
+    monkeypatch.setitem(compare.FUNCTIONS, "torch", f"{__name__}:typo")
+    with pytest.raises(ValueError, match=r"unknown tag \[loss-scaling\]; accepted: \[autocast\]"):
+        compare.method_lines("torch")

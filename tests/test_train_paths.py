@@ -130,7 +130,8 @@ def test_fp16_on_a_cpu_accelerate_trains_in_fp32_without_a_word_and_mplab_says_s
     assert fp16.losses == fp32.losses  # an fp32 run, bit for bit
     assert fp16.compute_dtype == torch.float32 and fp16.scales == []
     said = [w for w in fp16.warnings if "Accelerate ignores fp16 on a CPU" in w]
-    assert len(said) == 1 and fp16.audit.fallbacks == said
+    assert len(said) == 1 and [f.text for f in fp16.audit.fallbacks] == said
+    assert [f.code for f in fp16.audit.fallbacks] == ["fp16_ignored"]
     assert not any("fp16 on this CPU is slow" in w for w in fp16.warnings)  # it was not fp16
 
 

@@ -15,7 +15,15 @@ the CLI prints and `--json` writes, `reference` other machines' records beside i
 figure.
 """
 
-from mplab.hardware import UNITS, cpu_features, describe, has_units, resolve_device
+from mplab.hardware import (
+    UNITS,
+    MatmulTiming,
+    cpu_features,
+    describe,
+    has_units,
+    resolve_device,
+    time_matmul,
+)
 
 from .peaks import DATASHEET_TFLOPS, datasheet_gpu, datasheet_peak, mfu, training_flops
 from .record import lesson_bench, record_table, run_plan
@@ -29,11 +37,9 @@ from .reference import (
 from .speed import (
     BIGGER_SIZE,
     LESSON_SIZE,
-    MatmulTiming,
     explain_matmul_speed,
     explain_training_speed,
     matmul_speed,
-    time_matmul,
     training_speed,
 )
 from .sweep import BenchRow, Plan, matmul_sweep, model_sweep

@@ -3,77 +3,19 @@
 
 from __future__ import annotations
 
-import statistics
-import time
 import warnings
-from dataclasses import dataclass
-
-import torch
 
 from mplab._display import Table
-from mplab.formats import get_format
-from mplab.hardware import UNITS, cpu_features, describe, has_units, resolve_device
-
-
-@dataclass(frozen=True)
-class MatmulTiming:
-    """One n×n @ n×n matmul in one precision: median (and best) seconds over `repeats` runs."""
-
-    precision: str
-    n: int
-    device: str
-    seconds: float
-    repeats: int
-    best: float = 0.0
-
-    @property
-    def gflops(self) -> float:
-        return 2 * self.n ** 3 / self.seconds / 1e9
-
-    @property
-    def bytes_per_matrix(self) -> int:
-        return self.n * self.n * get_format(self.precision).bits // 8
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_matmul(n: int, precision="fp32", device="auto", budget_s: float = 0.5,
-                max_repeats: int = 50, threads: int | None = None) -> MatmulTiming:
-    """Time `a @ b` for random n×n matrices stored in `precision`, repeating until `budget_s`
-    is spent. One warm-up run first; slow precisions (fp16 on a CPU without fp16 units) get
-    few repeats. `threads` times a CPU matmul on that many threads (then restores torch's).
-
-    One thread is the fair ratio on a shared 2-core machine: a two-thread fp32 matmul (0.6 ms
-    at n=256) waits 10-15 ms whenever the other core is busy; one thread never waits, and the
-    low/fp32 ratio per thread is the hardware's.
-    """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    f = get_format(precision)
-    if f.dtype() is None:
-        raise ValueError(f"{f.name} is not a storage dtype; time fp32 with TF32 matmuls instead")
-    dev = resolve_device(device)
-    gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(n, n, generator=gen).to(dev, f.dtype()) for _ in range(2))
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        a @ b
-        _sync(dev)
-        times, start = [], time.perf_counter()
-        while len(times) < max_repeats and (time.perf_counter() - start < budget_s
-                                            or not times):
-            t0 = time.perf_counter()
-            a @ b
-            _sync(dev)
-            times.append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(before)
-    return MatmulTiming(f.name, n, dev.type, statistics.median(times), len(times), min(times))
+from mplab.hardware import (
+    UNITS,
+    cpu_features,
+    describe,
+    has_units,
+    no_units_reason,
+    resolve_device,
+    runs_fast,
+    time_matmul,
+)
 
 
 def matmul_speed(n: int | None = None, precisions=("fp32", "bf16", "fp16"), device="auto",
@@ -111,9 +53,9 @@ def explain_matmul_speed(table: Table) -> str:
             lines.append(f"{name} ran at about fp32's speed ({s:.2f}×): half the bytes, but no "
                          "faster arithmetic for it here.")
         else:
-            why = (f"this CPU has no {name} arithmetic units (no {' / '.join(UNITS[name])}), so "
-                   "torch falls back to a generic kernel that converts every element to fp32 "
-                   "and back" if device == "cpu" and not has_units(name)
+            why = (f"{no_units_reason(name)}, so torch falls back to a generic kernel that "
+                   "converts every element to fp32 and back"
+                   if device == "cpu" and not has_units(name)
                    else "this device's library has no fast kernel for it")
             lines.append(f"{name} ran {1 / s:.0f}× SLOWER than fp32: {why}. "
                          "Fewer bits only pay off where the hardware computes in them.")
@@ -130,23 +72,27 @@ def training_speed(sizes=(LESSON_SIZE, BIGGER_SIZE), precisions=("fp32", "bf16")
     """A few training steps of the lesson transformer through `mplab.train` at each size and
     precision, side by side: the steady time per step (the median after the warm-up step) and
     the speed relative to the first precision. A size is `lesson_model`'s config overrides
-    (`hidden_size`, `num_hidden_layers`; heads and feed-forward follow the hidden size)."""
+    (`hidden_size`, `num_hidden_layers`; heads and feed-forward follow the hidden size). A
+    precision this CPU has no units for is timed at the first size only: it runs tens of times
+    slower, and no size changes that (the title says so)."""
     from mplab.models import lesson_model
     from mplab.train import TrainWarning, train
 
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
         raise ValueError(f"steps must be an integer >= 2 (the first is warm-up), got {steps!r}")
     dev = resolve_device(device)
-    rows = []
-    for size in sizes:
+    rows, slow = [], [p for p in precisions if not runs_fast(p, dev)]
+    for i, size in enumerate(sizes):
         shape = model_shape(size)
         base = None
         for precision in precisions:
+            if precision in slow and i > 0:
+                continue
             with warnings.catch_warnings():  # the slow-hardware notes: the table says it
                 warnings.simplefilter("ignore", TrainWarning)
                 run = train(model=lesson_model(**shape), precision=precision, device=dev.type,
                             steps=steps, batch_size=batch_size, eval_samples=0,
-                            warmup_steps=0, progress=False)
+                            warmup_steps=0, progress=False, watch=False)
             seconds = run.steady_step_seconds
             base = base or seconds
             rows.append({"hidden": shape["hidden_size"], "layers": shape["num_hidden_layers"],
@@ -154,7 +100,11 @@ def training_speed(sizes=(LESSON_SIZE, BIGGER_SIZE), precisions=("fp32", "bf16")
                          "matmuls ran in": str(run.compute_dtype).removeprefix("torch."),
                          "ms per step": seconds * 1e3,
                          f"speed vs {precisions[0]}": base / seconds, "device": dev.type})
-    return Table(rows, title=f"training steps of batch {batch_size} on {describe(dev.type)}")
+    title = f"training steps of batch {batch_size} on {describe(dev.type)}"
+    if slow and len(sizes) > 1:
+        title += (f" ({' and '.join(slow)} timed at the first size only: no units for "
+                  f"{'them' if len(slow) > 1 else 'it'} here)")
+    return Table(rows, title=title)
 
 
 def model_shape(size: dict) -> dict:
@@ -184,9 +134,9 @@ def explain_training_speed(table: Table, matmul_n: int = 1024) -> str:
             continue
         s, model = r[speed_key], f"hidden {r['hidden']}, {r['layers']} layers"
         if device == "cpu" and not has_units(p):
-            lines.append(f"{model}: {p} ran {1 / s:.0f}× slower than {base}. This CPU has no "
-                         f"{p} units (no {' / '.join(UNITS[p])}), so every {p} matmul is "
-                         f"converted to {base} and back; no model size can win that back.")
+            lines.append(f"{model}: {p} ran {1 / s:.0f}× slower than {base}: "
+                         f"{no_units_reason(p)}, so every {p} matmul is converted to {base} "
+                         "and back; no model size can win that back.")
             continue
         if p not in bare:
             bare[p] = (time_matmul(matmul_n, base, device, budget_s=0.2).seconds

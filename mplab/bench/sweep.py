@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from mplab.hardware import has_units, resolve_device
+from mplab.hardware import has_units, resolve_device, runs_fast, time_matmul
 
 from .peaks import datasheet_gpu, datasheet_peak, matmul_parameters, mfu, training_flops
-from .speed import model_shape, time_matmul
+from .speed import model_shape
 
 
 @dataclass
@@ -46,6 +46,7 @@ class BenchRow:
     flops_per_step: float | None = None
     loss_change: float | None = None
     matmuls_ran_in: str | None = None
+    has_units: bool | None = None  # a CPU's units for this precision; None on a GPU
     explanation: str = ""
 
     def as_dict(self) -> dict:
@@ -120,8 +121,9 @@ class Plan:
                    matmul_budget_s=0.5, slow_matmul_limit=1024, name="full")
 
 
-def _runs_fast(precision: str, device: str) -> bool:
-    return device == "cuda" or precision in ("fp32", "tf32") or has_units(precision)
+def _units(precision: str, device: str) -> bool | None:
+    """Whether the CPU has units for `precision` (fp32 always); None on a GPU."""
+    return has_units(_storage(precision)) if device == "cpu" else None
 
 
 @contextlib.contextmanager
@@ -151,12 +153,12 @@ def matmul_sweep(plan: Plan, progress=None) -> list[BenchRow]:
     for n in plan.matmul_sizes:
         base = None
         for precision in plan.precisions:
-            if not _runs_fast(precision, plan.device) and n > plan.slow_matmul_limit:
+            if not runs_fast(precision, plan.device) and n > plan.slow_matmul_limit:
                 plan.skipped.append(f"matmul {n}² in {precision}: skipped (no {precision} units "
                                     "here: it runs tens of times slower than fp32, so it is "
                                     f"timed up to {plan.slow_matmul_limit}² only)")
                 continue
-            fast = _runs_fast(precision, plan.device)
+            fast = runs_fast(precision, plan.device)
             if plan.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             with tf32(precision == "tf32"):
@@ -173,7 +175,8 @@ def matmul_sweep(plan: Plan, progress=None) -> list[BenchRow]:
             rows.append(BenchRow(f"matmul {n}×{n}", "matmul", precision, gflops, "GFLOP/s",
                                  gflops / base, memory, kind, n=n,
                                  flops_per_step=2.0 * n ** 3, step_seconds=t.seconds,
-                                 best_throughput=2 * n ** 3 / t.best / 1e9))
+                                 best_throughput=2 * n ** 3 / t.best / 1e9,
+                                 has_units=_units(precision, plan.device)))
             if progress:
                 progress(rows[-1])
     return rows
@@ -229,7 +232,7 @@ def _sweep_sizes(plan, sizes, batches, reference, progress) -> list[BenchRow]:
     for i, ((hidden, layers), batch) in enumerate(zip(sizes, batches)):
         base = None
         for precision in plan.precisions:
-            if not _runs_fast(precision, plan.device) and i >= plan.slow_model_sizes:
+            if not runs_fast(precision, plan.device) and i >= plan.slow_model_sizes:
                 plan.skipped.append(f"hidden {hidden}/{layers} layers in {precision}: skipped "
                                     f"(no {precision} units here; measured at the smallest size)")
                 continue
@@ -254,7 +257,7 @@ def _warm_up(plan: Plan) -> None:
 
     hidden, layers = plan.model_sizes[0]
     for precision in plan.precisions:
-        if _runs_fast(precision, plan.device):
+        if runs_fast(precision, plan.device):
             _train(plan, lesson_model(**model_shape({"hidden_size": hidden,
                                                       "num_hidden_layers": layers})),
                    precision, 2, plan.batch_size)
@@ -266,9 +269,11 @@ def _train(plan: Plan, model, precision: str, steps: int, batch_size: int, on_st
     big = plan.big_model is not None and model.config.hidden_size >= plan.big_model[0]
     with warnings.catch_warnings(), tf32(precision == "tf32"):
         warnings.simplefilter("ignore", TrainWarning)  # slow-hardware notes: the bench says it
+        # watch=False: the zero count of fp16 runs and the weight snapshots of low-precision
+        # ones cost time in the step; off, each precision pays only for its own arithmetic
         return train(model=model, precision=_storage(precision), device=plan.device,
                      steps=steps, batch_size=batch_size, eval_samples=0, warmup_steps=0,
-                     lr=1e-4 if big else 1e-3, progress=False, on_step=on_step)
+                     lr=1e-4 if big else 1e-3, progress=False, on_step=on_step, watch=False)
 
 
 def train_row(plan: Plan, hidden: int, layers: int, precision: str, batch_size: int,
@@ -295,18 +300,35 @@ def train_row(plan: Plan, hidden: int, layers: int, precision: str, batch_size: 
                else f"{name} is not in the datasheet table: no MFU")
         memory, kind = run.peak_memory_bytes, run.peak_memory_kind
     else:
-        peak = reference.get(precision, 0.0) * 1e9 or None
-        ref = (f"best {precision} matmul measured here, one thread "
-               f"({reference[precision]:.0f} GFLOP/s)"
-               if peak else f"no {precision} matmul measured here: no MFU")
+        peak, ref = cpu_peak(precision, reference)
         memory, kind = probe.peak_bytes, probe.kind
+    utilisation = mfu(flops, seconds, peak)
+    if utilisation is not None and utilisation > 1:  # the reference was no peak after all
+        ref = (f"no MFU: the step ran its matmuls faster than the reference ({ref}), so that "
+               "is not this device's peak")
+        utilisation = None
     row = BenchRow(f"train hidden {hidden}, {layers} layer{'s' * (layers > 1)}", "model", precision,
                    batch_size / seconds, "samples/s", 1.0, memory, kind,
-                   mfu=mfu(flops, seconds, peak), mfu_reference=ref, hidden=hidden,
+                   mfu=utilisation, mfu_reference=ref, hidden=hidden,
                    layers=layers, parameters=run.parameters, step_seconds=seconds,
                    batch_size=batch_size, flops_per_step=flops,
-                   matmuls_ran_in=str(run.compute_dtype).removeprefix("torch."))
+                   matmuls_ran_in=str(run.compute_dtype).removeprefix("torch."),
+                   has_units=_units(precision, plan.device))
     return row, run
+
+
+def cpu_peak(precision: str, reference: dict[str, float]) -> tuple[float | None, str]:
+    """(FLOP/s, what it is) a CPU's utilisation is measured against: the best matmul
+    measured here in `precision` (one thread); without units for it, fp32's, for then fp32 is
+    the fastest this CPU computes and `precision` only converts to it and back."""
+    units = _units(precision, "cpu")
+    against = precision if units else "fp32"
+    gflops = reference.get(against)
+    if not gflops:
+        return None, f"no {against} matmul measured here: no MFU"
+    said = "" if units else f" (no {precision} units here: fp32 is this CPU's peak)"
+    return gflops * 1e9, (f"best {against} matmul measured here, one thread "
+                          f"({gflops:.0f} GFLOP/s){said}")
 
 
 class CpuMemoryProbe:

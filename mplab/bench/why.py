@@ -3,7 +3,7 @@ starts to pay (the crossover), and the targets. Every sentence is computed from 
 
 from __future__ import annotations
 
-from mplab.hardware import UNITS, has_units
+from mplab.hardware import no_units_reason
 
 from .sweep import BenchRow
 
@@ -14,8 +14,9 @@ CPU_BF16_TARGET = 1.6
 GPU_BF16_TARGET, GPU_MFU_TARGET = 3.0, 0.40
 
 
-def _no_units(precision: str, device: str) -> bool:
-    return device == "cpu" and precision in UNITS and not has_units(precision)
+def _no_units(rows: list[BenchRow], precision: str) -> bool:
+    """The rows say this precision ran on a CPU without units for it."""
+    return any(r.has_units is False for r in rows if r.precision == precision)
 
 
 def _fp32_twin(row: BenchRow, rows: list[BenchRow]) -> BenchRow | None:
@@ -26,8 +27,8 @@ def explain_row(row: BenchRow, rows: list[BenchRow], device: str) -> str:
     """Why this row ran as fast as it did (and, for a model, held the memory it did)."""
     p, s = row.precision, row.speedup_vs_fp32
     parts = []
-    if _no_units(p, device):
-        units = f"this CPU has no {p} units (no {' / '.join(UNITS[p])})"
+    if row.has_units is False:
+        units = no_units_reason(p)
         if s < 1 / BEATS:
             parts.append(f"{_times(1 / s)} slower than fp32: {units}, so torch converts every "
                          "element to fp32 and back; no size wins that back")
@@ -38,12 +39,6 @@ def explain_row(row: BenchRow, rows: list[BenchRow], device: str) -> str:
         parts += _why_matmul(row, rows, device)
     elif p != "fp32":
         parts.append(_why_model_speed(row, rows))
-    if row.kind == "model" and row.mfu is not None and row.mfu > 1:
-        parts.append(f"utilisation {row.mfu:.0%}, above 100 %: the model's matmuls ran faster "
-                     f"than the reference ({row.mfu_reference or 'the matmul sweep'}), so the "
-                     f"sweep's sizes did not reach this machine's {p} peak"
-                     + (f"; without {p} units the speed depends on the shape"
-                        if _no_units(p, device) else ""))
     if row.kind == "model" and p != "fp32":
         parts.append(_why_memory(row, rows))
         if row.loss_change is not None:
@@ -128,7 +123,7 @@ def crossover(rows: list[BenchRow], precision: str, device: str) -> dict:
     found = {"precision": precision, "workload": first and first.workload,
              "parameters": first and first.parameters,
              "speedup": first and first.speedup_vs_fp32}
-    if _no_units(precision, device):
+    if _no_units(rows, precision):
         found["text"] = (f"{precision}: no crossover on this CPU, nor can there be: it has no "
                          f"{precision} units, so every {precision} matmul is converted to fp32 "
                          f"and back ({models[0].speedup_vs_fp32:.2f}× fp32 at {_size(models[0])}"
@@ -177,7 +172,7 @@ def targets(rows: list[BenchRow], device: str) -> list[str]:
         return ["no bf16 model rows: no target to check"]
     largest = max(bf16, key=lambda r: r.parameters)
     if device == "cpu":
-        if not has_units("bf16"):
+        if _no_units(rows, "bf16"):
             return [f"target bf16 >= {CPU_BF16_TARGET}× fp32 applies to a CPU with bf16 units "
                     f"(AVX-512-BF16 or AMX); this one has none (measured "
                     f"{largest.speedup_vs_fp32:.2f}×)"]

@@ -24,6 +24,7 @@ makes check/hint/solution append one JSON line per call there, which the grader 
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import math
@@ -33,9 +34,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Result", "Exercise", "Lesson", "Incorrect", "STATUSES", "is_blank", "blank_dict",
-           "blank_function", "need_function", "cell", "choice_list", "python_block", "grading",
-           "as_number", "call", "GRADING_ENV", "GRADE_LOG_ENV", "CELL_METADATA_KEY"]
+__all__ = ["Result", "Exercise", "Lesson", "Incorrect", "STATUSES", "is_blank", "untouched",
+           "cell", "choice_list", "one_letter", "multiple_choice",
+           "same_tensors", "python_block", "grading", "as_number", "call", "GRADING_ENV",
+           "GRADE_LOG_ENV", "CELL_METADATA_KEY"]
 
 #: The statuses a check can end in (hint() and solution() results use "hint" and "solution").
 STATUSES = ("passed", "failed", "not attempted", "error")
@@ -111,37 +113,28 @@ def is_blank(answer) -> bool:
     return answer is ... or answer is None
 
 
-def blank_dict(answer) -> bool:
-    """Blank, or the starter's dict with every value still ``...``."""
-    return is_blank(answer) or (isinstance(answer, dict) and bool(answer)
-                                and all(v is ... for v in answer.values()))
+def untouched(answer, starter_value) -> bool:
+    """Is `answer` still what the starter cell made (`starter_value`)? A function is compared
+    by its code (the starter's `return ...` left as it was); any other value by ``==``."""
+    if is_blank(answer):
+        return True
+    if callable(starter_value):
+        return callable(answer) and _same_code(getattr(answer, "__code__", None),
+                                               getattr(starter_value, "__code__", None))
+    try:
+        return type(answer) is type(starter_value) and bool(answer == starter_value)
+    except Exception:  # a learner's object whose == misbehaves is an attempt
+        return False
 
 
-def blank_function(*probe) -> Callable[[Any], bool]:
-    """A blank check for a "write this function" exercise: blank, or a function that still
-    returns the starter's ``...`` when called with `probe` (tensors in it are cloned, so a
-    function that works in place cannot change them for the next call)."""
-    def blank(fn) -> bool:
-        if is_blank(fn) or not callable(fn):
-            return is_blank(fn)
-        args = [_fresh(a) for a in probe]
-        return call(fn, *args, what=f"{getattr(fn, '__name__', 'your function')}(...)") is ...
-    return blank
-
-
-def _fresh(value):
-    if hasattr(value, "clone"):
-        return value.clone()
-    if isinstance(value, list):
-        return [_fresh(v) for v in value]
-    return value
-
-
-def need_function(fn, id: str, name: str) -> None:
-    """Raise :class:`Incorrect` unless the answer is a function (not its result)."""
-    if not callable(fn):
-        raise Incorrect(f"Pass the function itself, ex.check(\"{id}\", {name}), without "
-                        f"calling it; got {fn!r:.40}, which is not a function.")
+def _same_code(a, b) -> bool:
+    if a is None or b is None:
+        return False
+    consts = len(a.co_consts) == len(b.co_consts) and all(
+        type(x) is type(y) and (_same_code(x, y) if hasattr(x, "co_code") else x == y)
+        for x, y in zip(a.co_consts, b.co_consts))
+    return (a.co_code == b.co_code and a.co_names == b.co_names
+            and a.co_varnames == b.co_varnames and consts)
 
 
 def cell(comment: str, body: str, id: str, arg: str = "answer") -> str:
@@ -160,6 +153,26 @@ def one_letter(answer, choices: dict[str, str]) -> str:
         raise Incorrect("Answer with one letter: " + ", ".join(f'"{k}"' for k in choices)
                         + f"; got {answer!r:.40}.")
     return answer.strip().lower()
+
+
+def multiple_choice(choices: dict[str, str], right, why) -> Callable[[Any], str | None]:
+    """The check of a multiple-choice exercise: the learner's letter against `right` (a
+    letter, or a function giving it where the answer depends on the machine); a wrong letter
+    gets `why[letter]` (or `why(letter)`): the concept that letter missed."""
+    def check(answer) -> str | None:
+        letter = one_letter(answer, choices)
+        if letter == (right() if callable(right) else right):
+            return None
+        return why(letter) if callable(why) else why[letter]
+    return check
+
+
+def same_tensors(a, b) -> bool:
+    """Two sequences of tensors (weights after training, say) equal bit for bit."""
+    import torch  # only when a check compares tensors
+
+    a, b = list(a), list(b)
+    return len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b))
 
 
 def python_block(source: str) -> str:
@@ -199,12 +212,17 @@ def as_number(answer, what: str = "Your answer") -> float:
 
 def call(fn: Callable, *args, what: str = ""):
     """Call the learner's function; an exception it raises ends the check as an "error" that
-    names the call and the exception (not a traceback)."""
+    names the call and the exception (not a traceback), and a `...` it returns (the starter's
+    placeholder, left in) ends it as "failed", saying so."""
+    shown = what or f"{getattr(fn, '__name__', 'your function')}{args}"
     try:
-        return fn(*args)
+        value = fn(*args)
     except Exception as e:
-        shown = what or f"{getattr(fn, '__name__', 'your function')}{args}"
         raise Incorrect(f"{shown} raised {type(e).__name__}: {e}", status="error") from None
+    if value is ...:
+        raise Incorrect(f"{shown} returned ..., the starter's placeholder: replace the `...` "
+                        "with your code.")
+    return value
 
 
 Check = Callable[[Any], "str | None"]  # the reason an answer is wrong, or None when it is right
@@ -219,20 +237,54 @@ class Exercise:
     signature), and any choices (:func:`choice_list`) or code to fix (:func:`python_block`), so
     that it reads complete without running anything. `check` returns why an answer is wrong
     (naming the concept missed, never the answer) or None; it may raise :class:`Incorrect`.
-    `hidden` runs the same way but only when grading. `starter` is the exact notebook cell a
-    learner sees, and `solution_code` that cell filled in with the reference answer.
+    `hidden` runs the same way but only when grading.
+
+    The notebook cell is built from the id once given: its comment line (`comment`), then
+    `body` (what the learner edits), then ``ex.check("<id>", <arg>)``; `starter` is that cell
+    and `solution_code` the same cell with `key` (the reference answer) as its body. An answer
+    the starter's body still makes is "not attempted" (`blank`, by default from the starter).
     """
 
     id: str
     title: str
     prompt: str
-    starter: str
-    solution_code: str
+    comment: str
+    body: str
+    key: str
     check: Check
     hints: tuple[str, ...]
     hidden: Check | None = None
     points: int = 1
-    blank: Callable[[Any], bool] = is_blank
+    arg: str = "answer"
+    blank: Callable[[Any], bool] | None = None
+
+    @property
+    def starter(self) -> str:
+        """The exact notebook cell a learner sees."""
+        return cell(f"{self.id}: {self.comment}", self.body, self.id, self.arg)
+
+    @property
+    def solution_code(self) -> str:
+        """That cell filled in with the reference answer."""
+        return cell(f"{self.id}: {self.comment}", self.key, self.id, self.arg)
+
+    def is_blank(self, answer) -> bool:
+        """Not attempted: `blank`'s verdict, or else whether the answer is still what the
+        starter's body makes."""
+        if self.blank is not None:
+            return self.blank(answer)
+        return untouched(answer, _starter_value(self.body, self.arg))
+
+
+@functools.cache
+def _starter_value(body: str, arg: str):
+    """What the starter's body binds to `arg` (None if it needs the notebook's names)."""
+    namespace: dict = {}
+    try:
+        exec(compile(body, "<starter>", "exec"), namespace)
+    except Exception:  # a starter that reads the notebook's names: only `...` is blank
+        return None
+    return namespace.get(arg)
 
 
 LESSON_FUNCTIONS = ("check", "hint", "solution", "exercise_cells", "cells", "task_markdown")
@@ -322,9 +374,13 @@ class Lesson:
                           message)
 
         try:
-            if ex.blank(answer):
+            if ex.is_blank(answer):
                 return result("not attempted", "Not attempted yet: replace the ... with your "
                               "answer and run the cell again.")
+            if callable(_starter_value(ex.body, ex.arg)) and not callable(answer):
+                return result("failed", f"Pass the function itself, ex.check(\"{ex.id}\", "
+                              f"{ex.arg}), without calling it; got {answer!r:.40}, which is "
+                              "not a function.")
             why = ex.check(answer)
             if why is None and ex.hidden is not None and grading():
                 why = ex.hidden(answer)

@@ -18,11 +18,7 @@ from mplab.exercises import (
     Incorrect,
     Lesson,
     as_number,
-    blank_dict,
-    blank_function,
     call,
-    cell,
-    need_function,
 )
 from mplab.explain import decompose
 from mplab.formats import FORMATS, field_bits, from_bits, get_format
@@ -272,7 +268,6 @@ def _decode_matches(decode, patterns: list[tuple[str, list[int]]]) -> str | None
 
 
 def _check_1_5(decode) -> str | None:
-    need_function(decode, "1.5", "decode")
     return _decode_matches(decode, PUBLIC_1_5)
 
 
@@ -291,13 +286,10 @@ EXERCISES = {e.id: e for e in [
         prompt="What number does the fp16 bit pattern `1 10010 1010000000` (sign, exponent, "
                "mantissa) stand for? Work it out by hand from the three fields, and give the "
                "exact value.",
-        starter=cell("1.1: the fp16 pattern 1 10010 1010000000 is which number? (exact)",
-                      "answer = ...  # a number, e.g. -2.5 or 2**-3", "1.1"),
-        solution_code=cell(
-            "1.1: the fp16 pattern 1 10010 1010000000 is which number? (exact)",
-            "sign, exponent, mantissa = 0b1, 0b10010, 0b1010000000\n"
+        comment="the fp16 pattern 1 10010 1010000000 is which number? (exact)",
+        body="answer = ...  # a number, e.g. -2.5 or 2**-3",
+        key="sign, exponent, mantissa = 0b1, 0b10010, 0b1010000000\n"
             "answer = (-1)**sign * (1 + mantissa / 2**10) * 2.0**(exponent - 15)  # bias 15",
-            "1.1"),
         check=_check_1_1,
         hints=(
             "An fp16 pattern is three fields: 1 sign bit, 5 exponent bits, 10 mantissa bits. "
@@ -315,12 +307,10 @@ EXERCISES = {e.id: e for e in [
                "value is 65535. Work out the real largest finite fp16 value from its fields (5 "
                "exponent bits, 10 mantissa bits, bias 15), remembering which exponent pattern "
                "is reserved, and give the exact value.",
-        starter=cell("1.2: fp16's largest finite value, from its fields (exact)",
-                      "answer = ...  # a number", "1.2"),
-        solution_code=cell(
-            "1.2: fp16's largest finite value, from its fields (exact)",
-            "# exponent 11111 is reserved for inf/NaN, so the largest is 0 11110 1111111111\n"
-            "answer = (2 - 2**-10) * 2.0**(0b11110 - 15)", "1.2"),
+        comment="fp16's largest finite value, from its fields (exact)",
+        body="answer = ...  # a number",
+        key="# exponent 11111 is reserved for inf/NaN, so the largest is 0 11110 1111111111\n"
+            "answer = (2 - 2**-10) * 2.0**(0b11110 - 15)",
         check=_check_1_2,
         hints=(
             "Largest finite: the exponent field as large as it can be while still meaning a "
@@ -335,12 +325,10 @@ EXERCISES = {e.id: e for e in [
         prompt="Below the smallest *normal* number, subnormals keep going. What is the "
                "smallest positive number fp16 can hold? A decimal or a power of two (`2**k`) "
                f"is fine: it is checked with a relative tolerance of {REL_1_3:g}.",
-        starter=cell(f"1.3: the smallest positive fp16 number (relative tolerance {REL_1_3:g})",
-                      "answer = ...  # a number; 2**k notation is fine", "1.3"),
-        solution_code=cell(
-            f"1.3: the smallest positive fp16 number (relative tolerance {REL_1_3:g})",
-            "# a subnormal: exponent 00000, mantissa 0000000001 -> 0.0000000001 x 2^(1 - 15)\n"
-            "answer = 2**-10 * 2.0**(1 - 15)", "1.3"),
+        comment=f"the smallest positive fp16 number (relative tolerance {REL_1_3:g})",
+        body="answer = ...  # a number; 2**k notation is fine",
+        key="# a subnormal: exponent 00000, mantissa 0000000001 -> 0.0000000001 x 2^(1 - 15)\n"
+            "answer = 2**-10 * 2.0**(1 - 15)",
         check=_check_1_3,
         hints=(
             "The smallest normal number has exponent field 1. Below it, exponent field 0 gives "
@@ -356,14 +344,13 @@ EXERCISES = {e.id: e for e in [
                + ", say which of `\"fp16\"` and `\"bf16\"` stores it more precisely (with the "
                "smaller error). Think about range first, then precision, and check your "
                "reasoning in the explorer afterwards, not before.",
-        starter=cell("1.4: which format stores each number more precisely, \"fp16\" or "
-                      "\"bf16\"?", f"answer = {_DICT_1_4}", "1.4"),
-        solution_code=cell(
-            "1.4: which format stores each number more precisely, \"fp16\" or \"bf16\"?",
-            "# in both ranges: more mantissa bits win; out of fp16's range (or in its\n"
+        comment="which format stores each number more precisely, \"fp16\" or "
+                "\"bf16\"?",
+        body=f"answer = {_DICT_1_4}",
+        key="# in both ranges: more mantissa bits win; out of fp16's range (or in its\n"
             "# subnormals): bf16's wider exponent wins\n"
-            f"answer = {_ANSWER_1_4}", "1.4"),
-        check=_check_1_4, blank=blank_dict,
+            f"answer = {_ANSWER_1_4}",
+        check=_check_1_4,
         hints=(
             "Range (how large and how small, set by the exponent bits) against precision (how "
             "many significant bits, set by the mantissa): fp16 has 5 exponent and 10 mantissa "
@@ -383,12 +370,10 @@ EXERCISES = {e.id: e for e in [
                "`decode(0x3C00, 5, 10, 15)`. Cover every case: normal numbers, subnormals, "
                "zeros with their sign (`-0.0`), infinities and NaN. The check compares it with "
                "`mplab.formats.from_bits` on fp16 patterns; the grader tries more formats.",
-        starter=cell("1.5: decode any IEEE-style pattern (normals, subnormals, +-0, +-inf, NaN)",
-                      "def decode(bits, exp_bits, man_bits, bias):\n"
-                      "    return ...  # the value, as a float", "1.5", arg="decode"),
-        solution_code=cell(
-            "1.5: decode any IEEE-style pattern (normals, subnormals, +-0, +-inf, NaN)",
-            "def decode(bits, exp_bits, man_bits, bias):\n"
+        comment="decode any IEEE-style pattern (normals, subnormals, +-0, +-inf, NaN)",
+        body="def decode(bits, exp_bits, man_bits, bias):\n"
+             "    return ...  # the value, as a float",
+        key="def decode(bits, exp_bits, man_bits, bias):\n"
             "    sign = -1.0 if (bits >> (exp_bits + man_bits)) & 1 else 1.0\n"
             "    exponent = (bits >> man_bits) & ((1 << exp_bits) - 1)\n"
             "    mantissa = bits & ((1 << man_bits) - 1)\n"
@@ -397,8 +382,8 @@ EXERCISES = {e.id: e for e in [
             "    if exponent == 0:  # zero and subnormals: no hidden 1, exponent 1 - bias\n"
             "        return sign * mantissa * 2.0**(1 - bias - man_bits)\n"
             "    return sign * (1 + mantissa / 2**man_bits) * 2.0**(exponent - bias)",
-            "1.5", arg="decode"),
-        check=_check_1_5, hidden=_hidden_1_5, blank=blank_function(0x3C00, 5, 10, 15),
+        arg='decode',
+        check=_check_1_5, hidden=_hidden_1_5,
         hints=(
             "The exponent field picks one of five cases: all ones is inf (mantissa 0) or NaN; "
             "all zeros is zero or a subnormal; anything else is a normal number. Each has its "

@@ -21,11 +21,7 @@ from mplab.exercises import (
     Incorrect,
     Lesson,
     as_number,
-    blank_dict,
-    blank_function,
     call,
-    cell,
-    need_function,
 )
 from mplab.failures import swamping_run
 from mplab.formats import dtype_of, get_format, ulp
@@ -240,7 +236,6 @@ def _lost_matches(fn, cases) -> str | None:
 
 
 def _check_2_5(fn) -> str | None:
-    need_function(fn, "2.5", "lost_fraction")
     return _lost_matches(fn, PUBLIC_2_5)
 
 
@@ -259,13 +254,11 @@ EXERCISES = {e.id: e for e in [
         prompt=f"A gradient of {G_2_1:g} flushes to 0 in fp16. What is the smallest loss scale "
                "2^k that makes it a **normal** fp16 number, with all 11 of its significant "
                "bits? Give the scale itself (such as `2**5`), not k.",
-        starter=cell(f"2.1: the smallest 2**k that makes {G_2_1:g} * 2**k a normal fp16 number",
-                      "answer = ...  # a scale, e.g. 2**5", "2.1"),
-        solution_code=cell(
-            f"2.1: the smallest 2**k that makes {G_2_1:g} * 2**k a normal fp16 number",
-            "# fp16's smallest normal is 2**-14; 3e-9 is about 2**-28.3, so 15 binades are "
+        comment=f"the smallest 2**k that makes {G_2_1:g} * 2**k a normal fp16 number",
+        body="answer = ...  # a scale, e.g. 2**5",
+        key="# fp16's smallest normal is 2**-14; 3e-9 is about 2**-28.3, so 15 binades are "
             "missing\n"
-            f"answer = 2.0 ** math.ceil(math.log2(2**-14 / {G_2_1!r}))", "2.1"),
+            f"answer = 2.0 ** math.ceil(math.log2(2**-14 / {G_2_1!r}))",
         check=_check_2_1,
         hints=(
             "Multiplying by 2^k moves a number k binades up. Below fp16's smallest normal "
@@ -280,12 +273,10 @@ EXERCISES = {e.id: e for e in [
                "finite value, 65504. For this capture's activation gradients "
                "(`cap.all(\"activation_grads\")` holds them all in one tensor), which is the "
                "largest power of two you can scale them by without any of them overflowing?",
-        starter=cell("2.2: the largest 2**k for which no activation gradient overflows fp16",
-                      "answer = ...  # a scale, e.g. 2**5", "2.2"),
-        solution_code=cell(
-            "2.2: the largest 2**k for which no activation gradient overflows fp16",
-            "top = cap.all(\"activation_grads\").abs().max().item()\n"
-            "answer = 2.0 ** math.floor(math.log2(65504 / top))", "2.2"),
+        comment="the largest 2**k for which no activation gradient overflows fp16",
+        body="answer = ...  # a scale, e.g. 2**5",
+        key="top = cap.all(\"activation_grads\").abs().max().item()\n"
+            "answer = 2.0 ** math.floor(math.log2(65504 / top))",
         check=_check_2_2,
         hints=(
             "Only the largest magnitude can overflow first: scale × max|g| must stay at or "
@@ -301,14 +292,12 @@ EXERCISES = {e.id: e for e in [
                "`w`, `update`, the format the weight is kept in), predict whether the update "
                "is lost: `True` if `w + update`, stored in that format, is just `w` again, "
                "else `False`. Work it out first, then test your guesses with torch.",
-        starter=cell("2.3: True if w + update, kept in the format, rounds back to w",
-                      f"answer = {_DICT_2_3}", "2.3"),
-        solution_code=cell(
-            "2.3: True if w + update, kept in the format, rounds back to w",
-            "# lost when |update| <= half the spacing of the format's numbers at w\n"
+        comment="True if w + update, kept in the format, rounds back to w",
+        body=f"answer = {_DICT_2_3}",
+        key="# lost when |update| <= half the spacing of the format's numbers at w\n"
             "# (exactly half: a tie, which rounds to the even neighbour, w here)\n"
-            f"answer = {_ANSWER_2_3}", "2.3"),
-        check=_check_2_3, blank=blank_dict,
+            f"answer = {_ANSWER_2_3}",
+        check=_check_2_3,
         hints=(
             "A sum is rounded to the nearest number the format holds. Near w those numbers are "
             "one ulp apart, so an update smaller than half an ulp rounds straight back to w.",
@@ -323,13 +312,11 @@ EXERCISES = {e.id: e for e in [
         prompt="Which layer's activation gradient loses the **largest share** of its nonzero "
                "values to fp16 underflow at scale 1 (no loss scale)? Give its name as it "
                "appears in `cap.activation_grads`.",
-        starter=cell("2.4: the layer whose activation gradient loses the largest share of its "
-                      "nonzero values in fp16", "answer = ...  # a layer name (a string)", "2.4"),
-        solution_code=cell(
-            "2.4: the layer whose activation gradient loses the largest share of its "
-            "nonzero values in fp16",
-            "stats = cap.stats(\"fp16\", 1.0, \"activation_grads\")\n"
-            "answer = max(stats, key=lambda name: stats[name].lost_frac)", "2.4"),
+        comment="the layer whose activation gradient loses the largest share of its "
+                "nonzero values in fp16",
+        body="answer = ...  # a layer name (a string)",
+        key="stats = cap.stats(\"fp16\", 1.0, \"activation_grads\")\n"
+            "answer = max(stats, key=lambda name: stats[name].lost_frac)",
         check=_check_2_4,
         hints=(
             "Compare layers by a share, not a count: values lost to 0 divided by the values "
@@ -346,22 +333,20 @@ EXERCISES = {e.id: e for e in [
                "in fp32, is cast to the torch dtype `dtype` with torch's own cast. Return 0.0 "
                "when `t` has no nonzero finite values. The check uses fp16; the grader also "
                "tries bf16, fp8 and awkward tensors.",
-        starter=cell("2.5: the share of t's nonzero finite values that (t * scale).to(dtype) "
-                      "flushes to 0",
-                      "def lost_fraction(t, dtype, scale):\n"
-                      "    return ...  # a float from 0 to 1", "2.5", arg="lost_fraction"),
-        solution_code=cell(
-            "2.5: the share of t's nonzero finite values that (t * scale).to(dtype) "
-            "flushes to 0",
-            "def lost_fraction(t, dtype, scale):\n"
+        comment="the share of t's nonzero finite values that (t * scale).to(dtype) "
+                "flushes to 0",
+        body="def lost_fraction(t, dtype, scale):\n"
+             "    return ...  # a float from 0 to 1",
+        key="def lost_fraction(t, dtype, scale):\n"
             "    x = t.float() * scale                    # the scaled values, in fp32\n"
             "    alive = (x != 0) & torch.isfinite(x)     # nonzero finite before the cast\n"
             "    n = int(alive.sum())\n"
             "    if n == 0:\n"
             "        return 0.0\n"
             "    lost = alive & (x.to(dtype) == 0)        # ... and 0 after it\n"
-            "    return int(lost.sum()) / n", "2.5", arg="lost_fraction"),
-        check=_check_2_5, hidden=_hidden_check_2_5, blank=blank_function(*PUBLIC_2_5[0]),
+            "    return int(lost.sum()) / n",
+        arg='lost_fraction',
+        check=_check_2_5, hidden=_hidden_check_2_5,
         hints=(
             "Three steps: scale in fp32, find the values that were nonzero and finite, count "
             "how many of those the cast turns into 0.",

@@ -20,14 +20,11 @@ from mplab.exercises import (
     Exercise,
     Lesson,
     as_number,
-    blank_function,
     call,
-    cell,
     choice_list,
-    is_blank,
-    need_function,
-    one_letter,
+    multiple_choice,
     python_block,
+    same_tensors,
 )
 
 # --- 3.1 the update rule ----------------------------------------------------------------------
@@ -99,7 +96,6 @@ def _update_matches(fn, cases) -> str | None:
 
 
 def _check_3_1(fn) -> str | None:
-    need_function(fn, "3.1", "update_scale")
     return _update_matches(fn, PUBLIC_3_1)
 
 
@@ -210,32 +206,19 @@ def _run(step, steps: int = 3):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _same(a, b) -> bool:
-    return all(torch.equal(p, q) for p, q in zip(a, b))
-
-
 def _check_3_3(fn) -> str | None:
-    need_function(fn, "3.3", "train_step")
     got = call(_run, fn, what="train_step(model, optimizer, scaler, x, y)")
-    if _same(got, _run(lambda *a: _reference_step(*a, order="right"))):
+    if same_tensors(got, _run(lambda *a: _reference_step(*a, order="right"))):
         return None
-    if _same(got, _run(lambda *a: _reference_step(*a, order="buggy"))):
+    if same_tensors(got, _run(lambda *a: _reference_step(*a, order="buggy"))):
         return ("Still the bug: clip_grad_norm_ runs on the *scaled* gradients, whose norm is "
                 "about `scale` times too large, so clipping shrinks them far too much (and "
                 "max_norm means nothing). Unscale first, then clip.")
-    if _same(got, _run(lambda *a: _reference_step(*a, order="none"))):
+    if same_tensors(got, _run(lambda *a: _reference_step(*a, order="none"))):
         return ("The bug is gone, but so is the clipping: keep clip_grad_norm_(model."
                 f"parameters(), {MAX_NORM}), just in the right place.")
     return ("After 3 steps your model's weights differ from a correct loop's. Keep the same "
             "calls as the buggy loop (same loss, same max_norm), only in the right order.")
-
-
-def _blank_3_3(fn) -> bool:
-    if is_blank(fn) or not callable(fn):
-        return is_blank(fn)
-    model, optimizer, x, y = _problem()
-    scaler = torch.amp.GradScaler("cpu")
-    return call(fn, model, optimizer, scaler, x, y, what="train_step(...)") is ...
 
 
 # --- 3.4 why bf16 needs no scaler -------------------------------------------------------------
@@ -256,9 +239,7 @@ WHY_NOT_3_4 = {
 }
 
 
-def _check_3_4(answer) -> str | None:
-    letter = one_letter(answer, CHOICES_3_4)
-    return None if letter == "b" else WHY_NOT_3_4[letter]
+_check_3_4 = multiple_choice(CHOICES_3_4, "b", WHY_NOT_3_4)
 
 
 # --- 3.5 unscale and check, exactly -----------------------------------------------------------
@@ -319,7 +300,6 @@ def _unscale_matches(fn, cases) -> str | None:
 
 
 def _check_3_5(fn) -> str | None:
-    need_function(fn, "3.5", "unscale_and_check")
     return _unscale_matches(fn, PUBLIC_3_5)
 
 
@@ -351,13 +331,11 @@ EXERCISES = {e.id: e for e in [
                "number (the product is computed in float64 and rounded once to fp32), and it "
                "never grows the scale to inf. The check compares with torch's own kernel; the "
                "grader adds factors that are not powers of two and scales near fp32's limit.",
-        starter=cell("3.1: one update of the scale and the growth tracker, as torch does it",
-                      "def update_scale(scale, tracker, found_inf, growth_factor, "
-                      "backoff_factor, growth_interval):\n"
-                      "    return ...  # (new_scale, new_tracker)", "3.1", arg="update_scale"),
-        solution_code=cell(
-            "3.1: one update of the scale and the growth tracker, as torch does it",
-            "def fp32(x):  # torch keeps the scale in fp32: round the float64 product once\n"
+        comment="one update of the scale and the growth tracker, as torch does it",
+        body="def update_scale(scale, tracker, found_inf, growth_factor, "
+             "backoff_factor, growth_interval):\n"
+             "    return ...  # (new_scale, new_tracker)",
+        key="def fp32(x):  # torch keeps the scale in fp32: round the float64 product once\n"
             "    return torch.tensor(x, dtype=torch.float64).float().item()\n"
             "\n"
             "def update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, "
@@ -367,8 +345,9 @@ EXERCISES = {e.id: e for e in [
             "    if tracker + 1 == growth_interval:\n"
             "        grown = fp32(scale * growth_factor)\n"
             "        return (grown if math.isfinite(grown) else scale), 0\n"
-            "    return scale, tracker + 1", "3.1", arg="update_scale"),
-        check=_check_3_1, hidden=_hidden_check_3_1, blank=blank_function(*PUBLIC_3_1[0]),
+            "    return scale, tracker + 1",
+        arg='update_scale',
+        check=_check_3_1, hidden=_hidden_check_3_1,
         hints=(
             "Two cases: an inf/NaN was found (back off, start counting again), or not (count "
             "one more clean update; on the growth_interval-th in a row, grow and restart).",
@@ -385,13 +364,11 @@ EXERCISES = {e.id: e for e in [
                f"iterations, in order: `{' '.join(EVENTS_3_2)}` (\"inf\": a gradient "
                "overflowed). What is the scale after the last update? Work it out by hand "
                "first.",
-        starter=cell("3.2: the scale after the last update", "answer = ...  # a number",
-                      "3.2"),
-        solution_code=cell(
-            "3.2: the scale after the last update",
-            "# 1024 -ok ok ok-> 2048 -ok-> (tracker 1) -inf-> 1024 -ok ok-> (tracker 2)\n"
+        comment="the scale after the last update",
+        body="answer = ...  # a number",
+        key="# 1024 -ok ok ok-> 2048 -ok-> (tracker 1) -inf-> 1024 -ok ok-> (tracker 2)\n"
             "# -inf-> 512 -inf-> 256 -ok ok ok-> 512 -ok-> (tracker 1)\n"
-            "answer = 512", "3.2"),
+            "answer = 512",
         check=_check_3_2,
         hints=(
             "Keep two numbers as you go: the scale and the growth tracker (clean updates in a "
@@ -410,20 +387,19 @@ EXERCISES = {e.id: e for e in [
                "Write the fixed `train_step(model, optimizer, scaler, x, y)`: the same calls, "
                "in the right order. It is checked by running 3 steps against a correct loop, "
                "weights compared bit for bit.",
-        starter=cell("3.3: the fixed train_step (same calls, right order)",
-                      "def train_step(model, optimizer, scaler, x, y):\n"
-                      "    return ...  # fix the loop above", "3.3", arg="train_step"),
-        solution_code=cell(
-            "3.3: the fixed train_step (same calls, right order)",
-            "def train_step(model, optimizer, scaler, x, y):\n"
+        comment="the fixed train_step (same calls, right order)",
+        body="def train_step(model, optimizer, scaler, x, y):\n"
+             "    return ...  # fix the loop above",
+        key="def train_step(model, optimizer, scaler, x, y):\n"
             "    loss = torch.nn.functional.mse_loss(model(x), y)\n"
             "    scaler.scale(loss).backward()\n"
             "    scaler.unscale_(optimizer)  # real gradients first ...\n"
             f"    torch.nn.utils.clip_grad_norm_(model.parameters(), {MAX_NORM})  # ... then clip\n"
             "    scaler.step(optimizer)  # knows they are unscaled: does not unscale again\n"
             "    scaler.update()\n"
-            "    optimizer.zero_grad()", "3.3", arg="train_step"),
-        check=_check_3_3, blank=_blank_3_3,
+            "    optimizer.zero_grad()",
+        arg='train_step',
+        check=_check_3_3,
         hints=(
             "After scaler.scale(loss).backward(), every gradient is multiplied by the scale "
             "(65536 by default). What does a gradient norm mean then?",
@@ -436,10 +412,9 @@ EXERCISES = {e.id: e for e in [
         prompt="bf16 autocast is used without a GradScaler. Why does it need none? Pick the "
                f"reason:\n\n{choice_list(CHOICES_3_4)}\n\n"
                "Answer with its letter.",
-        starter=cell("3.4: \"a\", \"b\", \"c\" or \"d\"", "answer = ...", "3.4"),
-        solution_code=cell("3.4: \"a\", \"b\", \"c\" or \"d\"",
-                            "answer = \"b\"  # 8 exponent bits, like fp32: nothing to rescue",
-                            "3.4"),
+        comment="\"a\", \"b\", \"c\" or \"d\"",
+        body="answer = ...",
+        key="answer = \"b\"  # 8 exponent bits, like fp32: nothing to rescue",
         check=_check_3_4,
         hints=(
             "A loss scaler rescues values that would underflow. Which property of a format "
@@ -456,19 +431,17 @@ EXERCISES = {e.id: e for e in [
                "place, and returns `True` if any value was inf or NaN, else `False`. It is "
                "compared with torch's own kernel, bit for bit; the grader adds bf16 "
                "gradients, empty lists and huge finite values.",
-        starter=cell("3.5: multiply each grad by inv_scale in place; True if any inf or NaN",
-                      "def unscale_and_check(grads, inv_scale):\n"
-                      "    return ...  # True or False", "3.5", arg="unscale_and_check"),
-        solution_code=cell(
-            "3.5: multiply each grad by inv_scale in place; True if any inf or NaN",
-            "def unscale_and_check(grads, inv_scale):\n"
+        comment="multiply each grad by inv_scale in place; True if any inf or NaN",
+        body="def unscale_and_check(grads, inv_scale):\n"
+             "    return ...  # True or False",
+        key="def unscale_and_check(grads, inv_scale):\n"
             "    found = False\n"
             "    for g in grads:\n"
             "        found = found or not bool(torch.isfinite(g).all())  # per value: exact\n"
             "        g.mul_(inv_scale)\n"
-            "    return found", "3.5", arg="unscale_and_check"),
+            "    return found",
+        arg='unscale_and_check',
         check=_check_3_5, hidden=_hidden_check_3_5,
-        blank=blank_function([torch.ones(2)], torch.tensor(1.0)),
         hints=(
             "Two jobs per tensor: find out whether any of its values is inf or NaN, and "
             "multiply it by inv_scale without making a copy.",

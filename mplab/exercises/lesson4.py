@@ -19,14 +19,12 @@ from mplab.exercises import (
     Exercise,
     Incorrect,
     Lesson,
-    blank_dict,
     call,
-    cell,
     choice_list,
-    is_blank,
-    need_function,
+    multiple_choice,
     one_letter,
     python_block,
+    same_tensors,
 )
 from mplab.lessons import lesson_trace
 from mplab.trace import FP32_AUTOCAST, LOW, PROMOTE
@@ -96,16 +94,10 @@ def _check_4_1(answer) -> str | None:
             return (said + " The gradients are cleared between backward() and step(), so the "
                     "optimizer has none to step with.")
         return said + " Put each call after the one whose result it needs."
-    if _same(weights, run_order(list(RIGHT_4_1[0]))):
+    if same_tensors(weights, run_order(list(RIGHT_4_1[0]))):
         return None  # any order that trains exactly as the course's loop does
     return ("That order runs, but the model does not train as the course's loop does: which "
             "call needs the result of which?")
-
-
-def _blank_4_1(answer) -> bool:
-    """The untouched starter (the shuffled list) counts as not attempted."""
-    return is_blank(answer) or (isinstance(answer, list | tuple)
-                                and list(answer) == SHUFFLED_4_1)
 
 
 # --- 4.2 make a step mixed precision ----------------------------------------------------------
@@ -137,35 +129,22 @@ def _weights_after(step, iterations: int = 3):
     return [p.detach().clone() for p in model.parameters()], scaler
 
 
-def _same(a, b) -> bool:
-    return all(torch.equal(p, q) for p, q in zip(a, b))
-
-
 def _check_4_2(fn) -> str | None:
-    need_function(fn, "4.2", "train_step")
     got, scaler = call(_weights_after, fn, what="train_step(model, optimizer, scaler, x, y)")
     if scaler._scale is None:  # scaler.scale() never ran (torch creates the scale lazily)
-        if _same(got, _weights_after(functools.partial(_course_step, scaled=False))[0]):
+        if same_tensors(got, _weights_after(functools.partial(_course_step, scaled=False))[0]):
             return ("The forward runs in fp16, but the loss is not scaled: small fp16 "
                     "gradients underflow. Use scaler.scale(loss).backward(), "
                     "scaler.step(optimizer) and scaler.update().")
         return ("The scaler given to train_step is never used: scale the loss with it, and "
                 "step and update through it.")
-    if _same(got, _weights_after(_course_step)[0]):
+    if same_tensors(got, _weights_after(_course_step)[0]):
         return None
-    if _same(got, _weights_after(functools.partial(_course_step, autocast=False))[0]):
+    if same_tensors(got, _weights_after(functools.partial(_course_step, autocast=False))[0]):
         return ("The scaler is in, but the forward pass still runs in fp32: wrap the model "
                 "call and the loss in torch.autocast(\"cpu\", dtype=torch.float16).")
     return ("After 3 steps the weights differ from the course's loop. Keep the same loss "
             "(computed under autocast), then scale, step, update, zero_grad.")
-
-
-def _blank_4_2(fn) -> bool:
-    if is_blank(fn) or not callable(fn):
-        return is_blank(fn)
-    model, optimizer, x, y = _tiny()
-    return call(fn, model, optimizer, torch.amp.GradScaler("cpu"), x, y,
-                what="train_step(...)") is ...
 
 
 # --- 4.3 why does the loss go NaN? ------------------------------------------------------------
@@ -187,9 +166,7 @@ WHY_NOT_4_3 = {
 }
 
 
-def _check_4_3(answer) -> str | None:
-    letter = one_letter(answer, CHOICES_4_3)
-    return None if letter == "b" else WHY_NOT_4_3[letter]
+_check_4_3 = multiple_choice(CHOICES_4_3, "b", WHY_NOT_4_3)
 
 
 # --- 4.4 read the trace -----------------------------------------------------------------------
@@ -247,12 +224,10 @@ EXERCISES = {e.id: e for e in [
                + "\n".join(f"- `{k}`: `{v}`" for k, v in CALLS.items())
                + "\n\nPut the five names in the order they run, as a list. Your order is run "
                "with torch: if torch refuses it, you see torch's own error.",
-        starter=cell("4.1: the five calls of one iteration, in order",
-                      f"answer = {SHUFFLED_4_1!r}  # reorder this list", "4.1"),
-        solution_code=cell(
-            "4.1: the five calls of one iteration, in order",
-            f"answer = {list(RIGHT_4_1[0])!r}  # zero_grad may also come first", "4.1"),
-        check=_check_4_1, blank=_blank_4_1,
+        comment="the five calls of one iteration, in order",
+        body=f"answer = {SHUFFLED_4_1!r}  # reorder this list",
+        key=f"answer = {list(RIGHT_4_1[0])!r}  # zero_grad may also come first",
+        check=_check_4_1,
         hints=(
             "Each call needs something the one before it made: a loss, then gradients, then "
             "an inf check, then a new scale.",
@@ -269,19 +244,18 @@ EXERCISES = {e.id: e for e in [
                "Write the new `train_step(model, optimizer, scaler, x, y)`. It is run for 3 "
                "steps on a small model on the CPU and compared with the course's loop, "
                "weights bit for bit.",
-        starter=cell("4.2: the fp16 version of train_step (autocast + the given scaler)",
-                      "def train_step(model, optimizer, scaler, x, y):\n"
-                      "    return ...  # the fp16 version", "4.2", arg="train_step"),
-        solution_code=cell(
-            "4.2: the fp16 version of train_step (autocast + the given scaler)",
-            "def train_step(model, optimizer, scaler, x, y):\n"
+        comment="the fp16 version of train_step (autocast + the given scaler)",
+        body="def train_step(model, optimizer, scaler, x, y):\n"
+             "    return ...  # the fp16 version",
+        key="def train_step(model, optimizer, scaler, x, y):\n"
             "    with torch.autocast(\"cpu\", dtype=torch.float16):\n"
             "        loss = torch.nn.functional.mse_loss(model(x).float(), y)\n"
             "    scaler.scale(loss).backward()\n"
             "    scaler.step(optimizer)\n"
             "    scaler.update()\n"
-            "    optimizer.zero_grad()", "4.2", arg="train_step"),
-        check=_check_4_2, blank=_blank_4_2,
+            "    optimizer.zero_grad()",
+        arg='train_step',
+        check=_check_4_2,
         hints=(
             "Two changes: the forward pass (model and loss) runs under autocast, and the "
             "backward/step go through the scaler.",
@@ -297,10 +271,9 @@ EXERCISES = {e.id: e for e in [
                "from its very first forward pass in fp16, but a finite one in fp32 and bf16 "
                f"(the tables above). Why? Pick the reason:\n\n{choice_list(CHOICES_4_3)}\n\n"
                "Answer with its letter.",
-        starter=cell("4.3: \"a\", \"b\", \"c\" or \"d\"", "answer = ...", "4.3"),
-        solution_code=cell("4.3: \"a\", \"b\", \"c\" or \"d\"",
-                            "answer = \"b\"  # 66,246 > 65,504: inf, then NaN in LayerNorm",
-                            "4.3"),
+        comment="\"a\", \"b\", \"c\" or \"d\"",
+        body="answer = ...",
+        key="answer = \"b\"  # 66,246 > 65,504: inf, then NaN in LayerNorm",
         check=_check_4_3,
         hints=(
             "Follow the table stage by stage: where does the first inf appear, and where the "
@@ -317,13 +290,11 @@ EXERCISES = {e.id: e for e in [
                f"{choice_list(REASONS_4_4)}\n\n"
                "Answer with a dict: `{\"forced\": the op's name, \"layer_norm\": the "
                "reason's letter}`.",
-        starter=cell("4.4: an op autocast forced to fp32, and why layer_norm ran in fp32",
-                      "answer = {\"forced\": ..., \"layer_norm\": ...}", "4.4"),
-        solution_code=cell(
-            "4.4: an op autocast forced to fp32, and why layer_norm ran in fp32",
-            "answer = {\"forced\": \"aten::_log_softmax\",  # cross-entropy: fp32 list\n"
-            "          \"layer_norm\": \"b\"}  # its input came from a promoting add", "4.4"),
-        check=_check_4_4, blank=blank_dict,
+        comment="an op autocast forced to fp32, and why layer_norm ran in fp32",
+        body="answer = {\"forced\": ..., \"layer_norm\": ...}",
+        key="answer = {\"forced\": \"aten::_log_softmax\",  # cross-entropy: fp32 list\n"
+            "          \"layer_norm\": \"b\"}  # its input came from a promoting add",
+        check=_check_4_4,
         hints=(
             "The trace's summary has a `kind` column: \"fp32 (autocast)\" marks ops autocast "
             "upcast; plain \"fp32\" ones just got fp32 inputs.",

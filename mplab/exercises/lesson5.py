@@ -23,13 +23,9 @@ from mplab.exercises import (
     Exercise,
     Incorrect,
     Lesson,
-    blank_dict,
     call,
-    cell,
     choice_list,
-    is_blank,
-    need_function,
-    one_letter,
+    multiple_choice,
     python_block,
 )
 from mplab.hardware import has_units
@@ -177,7 +173,6 @@ def _loop_feedback(fn, **settings) -> str | None:
 
 
 def _check_5_1(fn) -> str | None:
-    need_function(fn, "5.1", "train_loop")
     return _loop_feedback(fn)
 
 
@@ -188,13 +183,6 @@ def _hidden_5_1(fn) -> str | None:
     if why is not None:
         return ("With mixed_precision=\"no\", other weights and 4 batches of 4: " + why)
     return None
-
-
-def _blank_5_1(fn) -> bool:
-    if is_blank(fn) or not callable(fn):
-        return is_blank(fn)
-    run = _run(fn)
-    return run.returned is ... and not run.prepared
 
 
 # --- 5.2 why was fp16 no faster? ---------------------------------------------------------------
@@ -232,11 +220,7 @@ def right_5_2() -> str:
     return "a" if not has_units("fp16") else "d"
 
 
-def _check_5_2(answer) -> str | None:
-    letter = one_letter(answer, CHOICES_5_2)
-    right = right_5_2()
-    if letter == right:
-        return None
+def _why_not_5_2(letter: str) -> str:
     found = fp16_on_cpu_audit()
     ran = str(found.compute_dtype).removeprefix("torch.")
     return {
@@ -251,6 +235,9 @@ def _check_5_2(answer) -> str | None:
              f"precision); size decides how much low precision gains, not whether it happens. "
              f"The fp16 run's audit observed its matmuls in {ran}: why?",
     }[letter]
+
+
+_check_5_2 = multiple_choice(CHOICES_5_2, right_5_2, _why_not_5_2)
 
 
 # --- 5.3 read an audit ------------------------------------------------------------------------
@@ -287,21 +274,19 @@ def colleague_audit() -> Audit:
         return audit(model, optimizer, accelerator=accelerator, batch=batch)
 
 
-FALLBACKS_5_3 = {  # letter: (the fallback in words, how the audit words it)
-    "a": ("fp16 was asked for, and Accelerate ignored it on a CPU",
-          "ignores fp16 on a CPU"),
-    "b": ("autocast is off: torch does not support the dtype on this device", "autocast is off"),
+FALLBACKS_5_3 = {  # letter: (the fallback in words, the audit's code for it)
+    "a": ("fp16 was asked for, and Accelerate ignored it on a CPU", "fp16_ignored"),
+    "b": ("autocast is off: torch does not support the dtype on this device", "autocast_off"),
     "c": ("the weights are in low precision: there are no fp32 master weights",
-          "the weights are "),
-    "d": ("the optimizer's states are in low precision", "the optimizer's states are "),
-    "e": ("a GradScaler is used with bf16", "a GradScaler is used with bf16"),
+          "low_precision_weights"),
+    "d": ("the optimizer's states are in low precision", "low_precision_states"),
+    "e": ("a GradScaler is used with bf16", "scaler_with_bf16"),
 }
 
 
 def named_fallbacks(report: Audit) -> set[str]:
     """The letters of FALLBACKS_5_3 that an audit names."""
-    return {letter for letter, (_, words) in FALLBACKS_5_3.items()
-            if any(words in f for f in report.fallbacks)}
+    return {letter for letter, (_, code) in FALLBACKS_5_3.items() if report.has(code)}
 
 
 def _letters(value) -> set[str]:
@@ -419,12 +404,12 @@ EXERCISES = {e.id: e for e in [
                "section 3), on the lesson model and 3 batches of 8 reviews, and is compared "
                "with the course's Accelerate loop, weights bit for bit; what your loop hands "
                "the accelerator is watched too.",
-        starter=cell("5.1: the Accelerate version of train_loop",
-                     "def train_loop(accelerator, model, optimizer, dataloader):\n"
-                     "    return ...  # prepare, then loop", "5.1", arg="train_loop"),
-        solution_code=cell("5.1: the Accelerate version of train_loop", REFERENCE_LOOP, "5.1",
-                           arg="train_loop"),
-        check=_check_5_1, hidden=_hidden_5_1, blank=_blank_5_1,
+        comment="the Accelerate version of train_loop",
+        body="def train_loop(accelerator, model, optimizer, dataloader):\n"
+             "    return ...  # prepare, then loop",
+        key=REFERENCE_LOOP,
+        arg='train_loop',
+        check=_check_5_1, hidden=_hidden_5_1,
         hints=(
             "Everything mixed precision did in the torch loop moves into Accelerate: the "
             "autocast, the scaler and its calls go; what is left is a plain fp32-looking loop "
@@ -444,10 +429,9 @@ EXERCISES = {e.id: e for e in [
                f"reason:\n\n{choice_list(CHOICES_5_2)}\n\nAnswer with its letter. The answer "
                "is checked against `mplab.audit`'s audit of a real "
                "`Accelerator(mixed_precision=\"fp16\")` on this CPU.",
-        starter=cell("5.2: \"a\", \"b\", \"c\" or \"d\"", "answer = ...", "5.2"),
-        solution_code=cell("5.2: \"a\", \"b\", \"c\" or \"d\"",
-                           "answer = \"b\"  # the audit: fp32 matmuls, no autocast, no scaler",
-                           "5.2"),
+        comment="\"a\", \"b\", \"c\" or \"d\"",
+        body="answer = ...",
+        key="answer = \"b\"  # the audit: fp32 matmuls, no autocast, no scaler",
         check=_check_5_2,
         hints=(
             "Before asking why low precision was slow, ask whether it happened: an audit looks "
@@ -468,12 +452,11 @@ EXERCISES = {e.id: e for e in [
                f"{choice_list({k: v[0] for k, v in FALLBACKS_5_3.items()})}\n\n"
                "Answer with a dict: `{\"mixed\": True or False, \"fallbacks\": a list of the "
                "letters}`.",
-        starter=cell("5.3: mixed or not, and the fallbacks the audit names",
-                     "answer = {\"mixed\": ..., \"fallbacks\": ...}", "5.3"),
-        solution_code=cell("5.3: mixed or not, and the fallbacks the audit names",
-                           "answer = {\"mixed\": False,  # bf16 matmuls over bf16 weights\n"
-                           "          \"fallbacks\": [\"c\", \"d\"]}", "5.3"),
-        check=_check_5_3, blank=blank_dict,
+        comment="mixed or not, and the fallbacks the audit names",
+        body="answer = {\"mixed\": ..., \"fallbacks\": ...}",
+        key="answer = {\"mixed\": False,  # bf16 matmuls over bf16 weights\n"
+            "          \"fallbacks\": [\"c\", \"d\"]}",
+        check=_check_5_3,
         hints=(
             "Mixed precision is a pair: low-precision arithmetic and fp32 master weights. An "
             "audit says which of the two happened, and names each silent fallback in a line "
@@ -494,17 +477,15 @@ EXERCISES = {e.id: e for e in [
                f"{_listed(ACCELERATE_CALLS_5_4)}\n\n"
                "For each torch call, name the Accelerate call inside which it now happens. "
                "Answer with a dict from the torch names to the Accelerate names.",
-        starter=cell("5.4: the Accelerate call that makes each of the torch loop's calls",
-                     "answer = {\"autocast\": ..., \"scale\": ..., \"unscale_\": ..., "
-                     "\"step\": ..., \"update\": ...}", "5.4"),
-        solution_code=cell("5.4: the Accelerate call that makes each of the torch loop's calls",
-                           "answer = {\"autocast\": \"prepare\",  # the prepared forward\n"
-                           "          \"scale\": \"backward\",\n"
-                           "          \"unscale_\": \"clip_grad_norm_\",\n"
-                           "          \"step\": \"optimizer.step\",\n"
-                           "          \"update\": \"optimizer.step\"}  # right after step",
-                           "5.4"),
-        check=_check_5_4, blank=blank_dict,
+        comment="the Accelerate call that makes each of the torch loop's calls",
+        body="answer = {\"autocast\": ..., \"scale\": ..., \"unscale_\": ..., "
+             "\"step\": ..., \"update\": ...}",
+        key="answer = {\"autocast\": \"prepare\",  # the prepared forward\n"
+            "          \"scale\": \"backward\",\n"
+            "          \"unscale_\": \"clip_grad_norm_\",\n"
+            "          \"step\": \"optimizer.step\",\n"
+            "          \"update\": \"optimizer.step\"}  # right after step",
+        check=_check_5_4,
         hints=(
             "Accelerate keeps the work where the torch loop did it; it only moves each call "
             "into the object that is there at that moment: the model, the loss's backward, "

@@ -28,9 +28,6 @@ from mplab.exercises import (
     Incorrect,
     Lesson,
     call,
-    cell,
-    is_blank,
-    need_function,
     python_block,
 )
 from mplab.train import compare
@@ -70,19 +67,6 @@ def _reviews(tokenizer, n: int = 8) -> dict[str, torch.Tensor]:
     """The first `n` lesson reviews, encoded: input_ids, attention_mask, labels."""
     train = data.load_dataset("sentiment", "train")
     return data.encode(tokenizer, train.texts[:n], train.labels[:n])
-
-
-def _blank_call(probe):
-    """A blank check for "write this function": blank, or a function that returns the
-    starter's ``...`` for `probe()`. A function that raises is an attempt: its check says why."""
-    def blank(fn) -> bool:
-        if is_blank(fn) or not callable(fn):
-            return is_blank(fn)
-        try:
-            return fn(probe()) is ...
-        except Exception:
-            return False
-    return blank
 
 
 # --- 6.1 what the Trainer takes over ----------------------------------------------------------
@@ -221,7 +205,6 @@ COURSE_LINE = ('TrainingArguments(output_dir=output_dir, evaluation_strategy="ep
 def _check_6_3(fn) -> str | None:
     from transformers import TrainingArguments
 
-    need_function(fn, "6.3", "course_arguments")
     with tempfile.TemporaryDirectory(prefix="mplab-6.3-") as folder, fresh_accelerate():
         try:
             args = fn(folder)
@@ -276,7 +259,6 @@ def bf16_checkpoint_model() -> torch.nn.Module:
 
 
 def _check_6_4(fn) -> str | None:
-    need_function(fn, "6.4", "fix")
     model = bf16_checkpoint_model()
     loaded = [p.detach().clone() for p in model.parameters()]
     fixed = call(fn, model, what="fix(model)")
@@ -334,12 +316,10 @@ EXERCISES = {e.id: e for e in [
                + "\n".join(f"- `{name}`" for name in STEPS)
                + "\n\nAnswer with a list of names, e.g. `[\"backward\"]`. The check compares it "
                "with what `compare` measures in the code that runs.",
-        starter=cell("6.1: the steps the Accelerate loop writes and the Trainer takes over",
-                     "answer = ...  # a list of step names", "6.1"),
-        solution_code=cell(
-            "6.1: the steps the Accelerate loop writes and the Trainer takes over",
-            "answer = [\"backward\", \"unscale + clip\", \"optimizer step\", \"zero_grad\",\n"
-            "          \"lr schedule\", \"accumulation\"]  # the whole loop body", "6.1"),
+        comment="the steps the Accelerate loop writes and the Trainer takes over",
+        body="answer = ...  # a list of step names",
+        key="answer = [\"backward\", \"unscale + clip\", \"optimizer step\", \"zero_grad\",\n"
+            "          \"lr schedule\", \"accumulation\"]  # the whole loop body",
         check=_check_6_1,
         hints=(
             "A step the Accelerate loop writes is a call in its code: find them in the - "
@@ -358,10 +338,9 @@ EXERCISES = {e.id: e for e in [
                "with the installed transformers (adding an `output_dir` and making it a "
                "one-step run that saves and reports nothing), trains the lesson model one "
                "step with a real `Trainer`, and audits which dtype its matmuls ran in.",
-        starter=cell("6.2: TrainingArguments for bf16 on a CPU",
-                     "answer = ...  # a dict of keyword arguments", "6.2"),
-        solution_code=cell("6.2: TrainingArguments for bf16 on a CPU",
-                           "answer = {\"bf16\": True, \"use_cpu\": True}", "6.2"),
+        comment="TrainingArguments for bf16 on a CPU",
+        body="answer = ...  # a dict of keyword arguments",
+        key="answer = {\"bf16\": True, \"use_cpu\": True}",
         check=_check_6_2,
         hints=(
             "Two things to say: which 16-bit format (fp16 is ignored on a CPU, section 4), "
@@ -379,19 +358,16 @@ EXERCISES = {e.id: e for e in [
                "today's transformers takes them, for bf16 mixed precision on a CPU: evaluated "
                "after every epoch, as the course's are. The check calls it and reads the "
                "`TrainingArguments` it returns.",
-        starter=cell("6.3: the course's TrainingArguments line for today's transformers, "
-                     "bf16 on a CPU",
-                     "def course_arguments(output_dir):\n"
-                     "    return ...  # TrainingArguments(output_dir=output_dir, ...)", "6.3",
-                     arg="course_arguments"),
-        solution_code=cell(
-            "6.3: the course's TrainingArguments line for today's transformers, bf16 on a CPU",
-            "def course_arguments(output_dir):\n"
+        comment="the course's TrainingArguments line for today's transformers, "
+                "bf16 on a CPU",
+        body="def course_arguments(output_dir):\n"
+             "    return ...  # TrainingArguments(output_dir=output_dir, ...)",
+        key="def course_arguments(output_dir):\n"
             "    from transformers import TrainingArguments\n\n"
             "    return TrainingArguments(output_dir=output_dir, eval_strategy=\"epoch\",\n"
-            "                             bf16=True, use_cpu=True)", "6.3",
-            arg="course_arguments"),
-        check=_check_6_3, blank=_blank_call(lambda: _PROBE_DIR),
+            "                             bf16=True, use_cpu=True)",
+        arg='course_arguments',
+        check=_check_6_3,
         hints=(
             "Three changes: one argument was renamed, fp16 does nothing on a CPU, and bf16 on "
             "a CPU must be told it is meant for the CPU.",
@@ -409,16 +385,13 @@ EXERCISES = {e.id: e for e in [
                "precision training, its loaded weights kept. The check gives it the lesson "
                "model loaded that way and audits what `fix` returns over one bf16 autocast "
                "step (`mplab.audit.audit`).",
-        starter=cell("6.4: give a model loaded in bf16 its fp32 master weights",
-                     "def fix(model):\n"
-                     "    return ...  # the model, ready for mixed precision", "6.4",
-                     arg="fix"),
-        solution_code=cell(
-            "6.4: give a model loaded in bf16 its fp32 master weights",
-            "def fix(model):\n"
-            "    return model.float()  # before the optimizer (or Trainer) is built", "6.4",
-            arg="fix"),
-        check=_check_6_4, blank=_blank_call(_tiny_bf16),
+        comment="give a model loaded in bf16 its fp32 master weights",
+        body="def fix(model):\n"
+             "    return ...  # the model, ready for mixed precision",
+        key="def fix(model):\n"
+            "    return model.float()  # before the optimizer (or Trainer) is built",
+        arg='fix',
+        check=_check_6_4,
         hints=(
             "Mixed precision needs the weights themselves in fp32 (the master copy); autocast "
             "makes the 16-bit copies for the matmuls on the fly.",

@@ -22,12 +22,10 @@ from mplab.exercises import (
     Incorrect,
     Lesson,
     call,
-    cell,
     choice_list,
-    is_blank,
-    need_function,
-    one_letter,
+    multiple_choice,
     python_block,
+    same_tensors,
 )
 from mplab.hardware import has_units
 
@@ -47,19 +45,16 @@ def right_7_1() -> str:
     return "b" if has_units("bf16") else "a"
 
 
-def _check_7_1(answer) -> str | None:
-    letter = one_letter(answer, CHOICES_7_1)
-    right = right_7_1()
-    if letter == right:
-        return None
-    if letter in ("a", "b"):
-        return ("Look at this machine first: the benchmark's header (mplab.hardware.describe) "
-                "says whether the CPU has bf16 units, and so does the larger model's row: "
-                "with units it gets faster as the matrices grow, without them it never does.")
-    return {"c": "bf16 has fp32's exponent range: it needs no GradScaler, and the lesson's "
-                 "bf16 rows use none (lesson 3).",
-            "d": "The benchmark times steps, not steps to a given loss: fewer mantissa bits "
-                 "do not change how long one step takes."}[letter]
+_LOOK_AT_THE_MACHINE = (
+    "Look at this machine first: the benchmark's header (mplab.hardware.describe) says "
+    "whether the CPU has bf16 units, and so does the larger model's row: with units it gets "
+    "faster as the matrices grow, without them it never does.")
+_check_7_1 = multiple_choice(CHOICES_7_1, right_7_1, {
+    "a": _LOOK_AT_THE_MACHINE, "b": _LOOK_AT_THE_MACHINE,
+    "c": "bf16 has fp32's exponent range: it needs no GradScaler, and the lesson's bf16 rows "
+         "use none (lesson 3).",
+    "d": "The benchmark times steps, not steps to a given loss: fewer mantissa bits do not "
+         "change how long one step takes."})
 
 
 # --- 7.2 read the records ---------------------------------------------------------------------
@@ -163,12 +158,7 @@ def _reference_weights(unscale: bool = True):
     return _run_7_3(functools.partial(_reference_7_3, unscale=unscale))[0]
 
 
-def _same(a, b) -> bool:
-    return all(torch.equal(p, q) for p, q in zip(a, b))
-
-
 def _check_7_3(fn) -> str | None:
-    need_function(fn, "7.3", "train_step")
     try:
         weights, result = _run_7_3(fn)
     except RuntimeError as err:
@@ -187,25 +177,14 @@ def _check_7_3(fn) -> str | None:
     if calls["step"] != 1:
         return (f"scaler.step ran {calls['step']}× in one call: the optimizer steps once, after "
                 "the last micro-batch.")
-    if _same(weights, _reference_weights()):
+    if same_tensors(weights, _reference_weights()):
         return None
-    if _same(weights, _reference_weights(unscale=False)):
+    if same_tensors(weights, _reference_weights(unscale=False)):
         return ("The scaler's calls are right, but the gradients are not unscaled before "
                 "clipping (scaler.step does it too late for clip_grad_norm_): keep the clip, "
                 "on the true gradients.")
     return ("After 2 steps your weights differ from a correct loop's: keep the same loss, "
             "the clip at max_norm=1.0 and AdamW; only where the scaler's calls go changes.")
-
-
-def _blank_7_3(fn) -> bool:
-    if is_blank(fn) or not callable(fn):
-        return is_blank(fn)
-    model = torch.nn.Linear(2, 2)
-    try:
-        return fn(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                  torch.amp.GradScaler("cpu"), [], torch.autocast("cpu", enabled=False)) is ...
-    except Exception:
-        return False
 
 
 # --- 7.4 stochastic rounding ------------------------------------------------------------------
@@ -229,7 +208,6 @@ def _probe_7_4():
 
 
 def _check_7_4(fn) -> str | None:
-    need_function(fn, "7.4", "round_stochastic")
     x, gen = _probe_7_4()
     out = call(fn, x.clone(), gen, what="round_stochastic(x, generator)")
     if not isinstance(out, torch.Tensor):
@@ -268,15 +246,6 @@ def _check_7_4(fn) -> str | None:
     return None
 
 
-def _blank_7_4(fn) -> bool:
-    if is_blank(fn) or not callable(fn):
-        return is_blank(fn)
-    try:
-        return fn(torch.ones(2), torch.Generator()) is ...
-    except Exception:
-        return False
-
-
 # --- 7.5 the fix for an overflow --------------------------------------------------------------
 
 CHOICES_7_5 = {
@@ -294,9 +263,7 @@ WHY_NOT_7_5 = {
 }
 
 
-def _check_7_5(answer) -> str | None:
-    letter = one_letter(answer, CHOICES_7_5)
-    return None if letter == "b" else WHY_NOT_7_5[letter]
+_check_7_5 = multiple_choice(CHOICES_7_5, "b", WHY_NOT_7_5)
 
 
 # --- the exercises ----------------------------------------------------------------------------
@@ -309,10 +276,9 @@ EXERCISES = {e.id: e for e in [
                "this machine's CPU, what makes bf16 lose at that size? The check compares "
                "your answer with what this machine has (its CPU's units).\n\n"
                + choice_list(CHOICES_7_1),
-        starter=cell("7.1: why bf16 does not pay at the lesson size here",
-                     "answer = ...  # \"a\", \"b\", \"c\" or \"d\"", "7.1"),
-        solution_code=cell("7.1: why bf16 does not pay at the lesson size here",
-                           "answer = \"b\" if hardware.has_units(\"bf16\") else \"a\"", "7.1"),
+        comment="why bf16 does not pay at the lesson size here",
+        body="answer = ...  # \"a\", \"b\", \"c\" or \"d\"",
+        key="answer = \"b\" if hardware.has_units(\"bf16\") else \"a\"",
         check=_check_7_1,
         hints=(
             "Two things can make bf16 slow on a CPU: hardware that cannot do it, and work too "
@@ -332,14 +298,11 @@ EXERCISES = {e.id: e for e in [
                            if name in ("extra_update", "clip_before_unscale", "no_scaler",
                                        "scale_collapse", "accumulation_scaler", "fp16_overflow"))
                + "\n\nThe check runs diagnose on the same three runs.",
-        starter=cell("7.2: the cause of each broken run",
-                     "answer = {\"A\": ..., \"B\": ..., \"C\": ...}  # cause names", "7.2"),
-        solution_code=cell("7.2: the cause of each broken run",
-                           "answer = {\"A\": \"extra_update\", \"B\": \"clip_before_unscale\",\n"
-                           "          \"C\": \"no_scaler\"}", "7.2"),
+        comment="the cause of each broken run",
+        body="answer = {\"A\": ..., \"B\": ..., \"C\": ...}  # cause names",
+        key="answer = {\"A\": \"extra_update\", \"B\": \"clip_before_unscale\",\n"
+            "          \"C\": \"no_scaler\"}",
         check=_check_7_2,
-        blank=lambda a: is_blank(a) or (isinstance(a, dict) and all(
-            v is ... for v in a.values())),
         hints=(
             "Each cause leaves one figure a healthy run does not have: a count of calls, a "
             "norm out of all proportion, or gradients that are mostly zero.",
@@ -358,12 +321,10 @@ EXERCISES = {e.id: e for e in [
                "autocast)`: the same loss, clip and optimizer step, with each scaler call "
                "where it belongs. The check trains the lab model 2 steps of 2 micro-batches "
                "with a Recorder watching, and compares the weights with a correct loop's.",
-        starter=cell("7.3: gradient accumulation with a GradScaler, done right",
-                     "def train_step(model, optimizer, scaler, micro_batches, autocast):\n"
-                     "    return ...  # fix the loop above", "7.3", arg="train_step"),
-        solution_code=cell(
-            "7.3: gradient accumulation with a GradScaler, done right",
-            "def train_step(model, optimizer, scaler, micro_batches, autocast):\n"
+        comment="gradient accumulation with a GradScaler, done right",
+        body="def train_step(model, optimizer, scaler, micro_batches, autocast):\n"
+             "    return ...  # fix the loop above",
+        key="def train_step(model, optimizer, scaler, micro_batches, autocast):\n"
             "    for micro in micro_batches:\n"
             "        with autocast:\n"
             "            loss = model(**micro).loss / len(micro_batches)\n"
@@ -372,8 +333,9 @@ EXERCISES = {e.id: e for e in [
             "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\n"
             "    scaler.step(optimizer)\n"
             "    scaler.update()\n"
-            "    optimizer.zero_grad()", "7.3", arg="train_step"),
-        check=_check_7_3, blank=_blank_7_3,
+            "    optimizer.zero_grad()",
+        arg='train_step',
+        check=_check_7_3,
         hints=(
             "One optimizer step, one unscale_, one step, one update: a micro-batch that does "
             "not step only adds its scaled gradients.",
@@ -390,20 +352,18 @@ EXERCISES = {e.id: e for e in [
                "(a `torch.Generator`). Return the bf16 tensor. The check compares every "
                "result with torch's two bf16 neighbours of its input, averages 20,000 "
                "roundings, and repeats a seed.",
-        starter=cell("7.4: stochastic rounding from fp32 to bf16",
-                     "def round_stochastic(x, generator):\n"
-                     "    return ...  # a bf16 tensor", "7.4", arg="round_stochastic"),
-        solution_code=cell(
-            "7.4: stochastic rounding from fp32 to bf16",
-            "def round_stochastic(x, generator):\n"
+        comment="stochastic rounding from fp32 to bf16",
+        body="def round_stochastic(x, generator):\n"
+             "    return ...  # a bf16 tensor",
+        key="def round_stochastic(x, generator):\n"
             "    bits = x.contiguous().view(torch.int32)\n"
             "    noise = torch.randint(0, 2**16, x.shape, generator=generator,\n"
             "                          dtype=torch.int32)\n"
             "    # adding below the kept bits carries into them with the right chance\n"
             "    rounded = (bits + noise) & -65536\n"
             "    return rounded.view(torch.float32).to(torch.bfloat16)  # exact: low bits 0",
-            "7.4", arg="round_stochastic"),
-        check=_check_7_4, blank=_blank_7_4,
+        arg='round_stochastic',
+        check=_check_7_4,
         hints=(
             "bf16 is the top 16 bits of an fp32: rounding drops the low 16. Stochastic "
             "rounding rounds up with the chance those dropped bits make of the gap.",
@@ -416,10 +376,9 @@ EXERCISES = {e.id: e for e in [
         prompt="A model pretrained in bf16 gives a NaN loss at the first fp16 step: a "
                "feed-forward output reaches 100,000 (section 3's T5-like model). Which fix "
                "works?\n\n" + choice_list(CHOICES_7_5),
-        starter=cell("7.5: the fix for an fp16 activation overflow",
-                     "answer = ...  # \"a\", \"b\", \"c\" or \"d\"", "7.5"),
-        solution_code=cell("7.5: the fix for an fp16 activation overflow",
-                           "answer = \"b\"", "7.5"),
+        comment="the fix for an fp16 activation overflow",
+        body="answer = ...  # \"a\", \"b\", \"c\" or \"d\"",
+        key="answer = \"b\"",
         check=_check_7_5,
         hints=(
             "Where does the overflow happen: in the forward pass or the backward pass?",

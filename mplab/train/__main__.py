@@ -61,6 +61,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint-dir's checkpoint if there is one")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-watch", dest="watch", action="store_false",
+                   help="without the hooks diagnose reads (zero gradients, unchanged weights)")
     p.add_argument("--json", metavar="FILE", help="write the result record here")
     return p
 

@@ -3,7 +3,8 @@ precision (autocast inside the prepared model's forward, the GradScaler inside `
 the prepared optimizer's `step`).
 
 `train_accelerate` below is the whole method; what every path shares (data, progress, timing,
-evaluation, checkpoints, the result) is `Run`'s, in run.py. Under
+evaluation, checkpoints, the result) is `Run`'s, in run.py. Its comments' tags name the parts
+of a step a line writes, and `[mplab]` mplab's bookkeeping, as in torch_path.py. Under
 `accelerate launch --num_processes N [--cpu] -m mplab.train --path accelerate ...` every
 process runs it and trains its share of each global batch.
 """
@@ -15,6 +16,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch.utils.data import DataLoader
 
+from .common import decay_groups
 from .config import TrainConfig
 from .order import RunOrder
 from .result import TrainResult
@@ -29,7 +31,8 @@ def train_accelerate(config: TrainConfig, model=None, tokenizer=None,
     from accelerate import Accelerator
     from accelerate.utils import GradScalerKwargs
 
-    with Run.start(config, "accelerate", model, tokenizer, on_step) as run, fresh_accelerate():
+    with Run.start(config, "accelerate", model, tokenizer, on_step) as run, \
+            fresh_accelerate():  # [mplab]
         # One object holds the mixed precision: autocast and (for fp16 on a GPU) a GradScaler
         # built from the same settings the torch path gives torch.amp.GradScaler.
         accelerator = Accelerator(
@@ -38,39 +41,40 @@ def train_accelerate(config: TrainConfig, model=None, tokenizer=None,
             cpu=run.device.type == "cpu",
             kwargs_handlers=[GradScalerKwargs(**config.scaler_settings)])
         model = run.model
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
-                                      weight_decay=config.weight_decay)
+        # no weight decay for biases and norms, as the Trainer (lesson 6) chooses
+        optimizer = torch.optim.AdamW(decay_groups(model, config.weight_decay), lr=config.lr)
         # Accelerate steps a prepared scheduler once per process at each optimizer step.
         lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_schedule(config, calls_per_step=accelerator.num_processes))
         train_dataloader = DataLoader(RunOrder(run), batch_size=config.batch_size)
         model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
             model, optimizer, train_dataloader, lr_scheduler)
-        run.accelerator = accelerator
-        run.prepare(optimizer, lr_scheduler, accelerator.scaler,
+        run.prepare(optimizer, lr_scheduler, accelerator.scaler,  # [mplab]
                     nullcontext(),  # evaluation: the prepared model autocasts in its forward
                     save_state=accelerator.save_state, load_state=accelerator.load_state)
 
         step_loss, norm = 0.0, None
         for batch in run.loader_batches(train_dataloader, skip=accelerator.skip_first_batches):
-            with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
+            # [accumulation] syncs the gradients on the last micro-batch only
+            with accelerator.accumulate(model):
                 loss = model(**batch).loss
-                accelerator.backward(loss)  # / accumulation_steps, and scaled when fp16 scales
+                accelerator.backward(loss)  # [backward] / accumulation steps; scaled for fp16
                 step_loss += loss.detach() / config.accumulation_steps
                 if accelerator.sync_gradients:
-                    step_loss = run.check_finite(step_loss)  # stops the run on inf/NaN
-                    if config.max_grad_norm is not None:  # unscales first, once per step
+                    step_loss = run.check_finite(step_loss)  # [mplab] stops it on inf/NaN
+                    if config.max_grad_norm is not None:
+                        # [unscale + clip] it unscales first, once per step
                         norm = accelerator.clip_grad_norm_(model.parameters(),
                                                            config.max_grad_norm)
-                optimizer.step()  # acts on the last micro-batch; skips a step with inf/NaN
-                lr_scheduler.step()  # and then this does not step either
-                optimizer.zero_grad()
+                optimizer.step()  # [optimizer step] the last micro-batch's; skips inf/NaN
+                lr_scheduler.step()  # [lr schedule] and then this does not step either
+                optimizer.zero_grad()  # [zero_grad]
             if accelerator.sync_gradients:
                 scaler = accelerator.scaler  # None in fp32, bf16, and fp16 on a CPU
-                run.record(step_loss, skipped=optimizer.step_was_skipped, grad_norm=norm,
-                           scale=scaler.get_scale() if scaler is not None else None)
+                run.record(step_loss, skipped=optimizer.step_was_skipped,  # [mplab]
+                           grad_norm=norm, scale=scaler.get_scale() if scaler else None)
                 step_loss = 0.0
-        return run.finish()
+        return run.finish(accelerator)  # [mplab]
 
 
 @contextmanager

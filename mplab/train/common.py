@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from mplab import data, models
-from mplab.bench import time_matmul
-from mplab.hardware import UNITS, describe, has_units, resolve_device
+from mplab.hardware import describe, has_units, no_units_reason, resolve_device, time_matmul
 
 from .config import TrainConfig
 
@@ -104,11 +103,12 @@ def _cuda_bf16(device: torch.device) -> bool:
             return torch.cuda.is_bf16_supported()
 
 
-def low_precision_cost(precision: str, device: torch.device) -> str | None:
-    """A warning with the measured cost of fp16/bf16 on a CPU without units for it, else None.
+def low_precision_cost(precision: str, device: torch.device) -> tuple[float, str] | None:
+    """(slowdown, warning) where fp16/bf16 on a CPU is measured slow, else None: how many
+    times as long a 256x256 matmul takes in `precision` as in fp32, and the words for it.
 
-    Times a 256x256 matmul in fp32 and in `precision` on one thread (about 0.1 s): bigger
-    matmuls show the gap better, but this is paid before every CPU run in low precision.
+    Times the matmul in fp32 and in `precision` on one thread (about 0.1 s): bigger matmuls
+    show the gap better, but this is paid before every CPU run in low precision.
     """
     if device.type != "cpu" or precision == "fp32":
         return None
@@ -117,17 +117,28 @@ def low_precision_cost(precision: str, device: torch.device) -> str | None:
     ratio = low / fp32
     if ratio < 1.5:
         return None
-    why = (f"this CPU has no {precision} arithmetic units (no {' / '.join(UNITS[precision])})"
-           if not has_units(precision) else "torch has no fast kernel for it here")
-    return (f"{precision} on this CPU is slow: a 256x256 matmul (1 thread) took "
-            f"{low * 1e3:.2f} ms in "
-            f"{precision} against {fp32 * 1e3:.3f} ms in fp32 ({ratio:.0f}x slower), because "
-            f"{why}. Training runs correctly but slower than fp32; use fp32 here, or a GPU "
-            "(or a CPU with AMX / AVX-512 units) to see low precision pay off.")
+    why = (no_units_reason(precision) if not has_units(precision)
+           else "torch has no fast kernel for it here")
+    return ratio, (f"{precision} on this CPU is slow: a 256x256 matmul (1 thread) took "
+                   f"{low * 1e3:.2f} ms in {precision} against {fp32 * 1e3:.3f} ms in fp32 "
+                   f"({ratio:.0f}x slower), because {why}. Training runs correctly but slower "
+                   "than fp32; use fp32 here, or a GPU (or a CPU with AMX / AVX-512 units) to "
+                   "see low precision pay off.")
 
 
 def device_name(device: torch.device) -> str:
     return describe(device.type).partition(": ")[2]
+
+
+# ---- the optimizer ---------------------------------------------------------------------------
+
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW's parameter groups by one rule on every path, the Trainer's (and nanoGPT's):
+    weights with two or more dimensions (matmul weights, embedding tables) decay; biases and
+    norm weights, one dimension each, do not, as shrinking them toward 0 only hurts."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
 # ---- model and data -------------------------------------------------------------------------
@@ -228,11 +239,6 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
         return torch.cuda.max_memory_allocated(device), "cuda max_memory_allocated"
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak * (1 if sys.platform == "darwin" else 1024), "process peak RSS"
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def non_finite_message(step: int, loss: float, precision: str, lr: float,

@@ -6,17 +6,20 @@
 
 Lessons 5 and 6 place plain PyTorch, Accelerate and the Trainer on the course's chart of ease
 of use against ability to customise. Both axes are counted here, from each path's function in
-mplab.train (the code `train(path=...)` runs), not drawn by hand:
+mplab.train (the code `train(path=...)` runs), by the tags its comments carry, as
+Accelerate's `by_feature` examples mark their new code:
 
 - **lines of code**: the function's statements, without its docstring, comments, blank lines
-  and mplab's own bookkeeping (lines that call the `Run` record, `run.`/`Run.`): the code a
-  learner writes for that method. Fewer lines: easier to use.
+  and the statements tagged `[mplab]` (mplab's own bookkeeping: the `Run` record, the same on
+  every path): the code a learner writes for that method. Fewer lines: easier to use.
 - **steps you write**: which of the training step's parts (autocast, loss scaling, backward,
-  unscale and clip, optimizer step, scaler update, zero_grad, schedule, accumulation) appear
-  in that code as calls of your own. A step you write is a step you can change; the others
-  the library does for you, hidden.
+  unscale and clip, optimizer step, scaler update, zero_grad, schedule, accumulation) the
+  code writes itself, each tagged where it does (`[backward]`). A step you write is a step
+  you can change; the others the library does for you, hidden.
 - **settings exposed**: the keyword arguments of the object you configure (torch.autocast and
   torch.amp.GradScaler; Accelerator; TrainingArguments), read from the installed libraries.
+
+A tag on any line of a statement marks the statement (for a compound one, its header).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import ast
 import difflib
 import importlib
 import inspect
+import io
 import re
 import textwrap
+import tokenize
 from dataclasses import dataclass, fields, is_dataclass
 
 from mplab._display import Table
@@ -38,18 +43,11 @@ FUNCTIONS = {"torch": "mplab.train.torch_path:train_torch",
              "accelerate": "mplab.train.accelerate_path:train_accelerate",
              "trainer": "mplab.train.trainer_path:train_trainer"}
 
-#: The parts of a mixed precision training step, and what shows the code writes each itself.
-STEPS = {
-    "autocast": r"torch\.autocast\(|\bautocast\b",
-    "loss scaling": r"scaler\.scale\(",
-    "backward": r"\.backward\(",
-    "unscale + clip": r"clip_grad_norm_\(",
-    "optimizer step": r"(optimizer|scaler)\.step\(",
-    "scaler update": r"scaler\.update\(",
-    "zero_grad": r"\.zero_grad\(",
-    "lr schedule": r"(scheduler|lr_scheduler)\.step\(",
-    "accumulation": r"accumulat",
-}
+#: The parts of a mixed precision training step, each the tag of the lines that write it.
+STEPS = ("autocast", "loss scaling", "backward", "unscale + clip", "optimizer step",
+         "scaler update", "zero_grad", "lr schedule", "accumulation")
+#: The tag of mplab's bookkeeping: statements not counted as the method's code.
+BOOKKEEPING = "mplab"
 
 #: The objects a learner configures on each path: "module:attribute".
 CONFIGURED = {"torch": ("torch:autocast", "torch.amp:GradScaler"),
@@ -93,27 +91,46 @@ def diff(old: str, new: str, context: int = 3) -> str:
 
 def method_lines(path: str) -> list[str]:
     """The lines counted as the method's code: the function's statements without its
-    docstring, comments and blank lines, and without mplab's bookkeeping: statements that
-    call the `Run` record (`run.record(...)`) or set its fields, and the `with Run.start(...)`
-    that opens it. A statement that only reads `run.device` or `run.model` counts.
-    A loop over `run.batches()` counts: a learner writes that loop over their own data."""
+    docstring, comments and blank lines, and without the statements tagged `[mplab]`."""
+    return [line for line, _ in _tagged_lines(path)]
+
+
+def steps_written(path: str) -> tuple[str, ...]:
+    """The parts of a training step (STEPS) that the path's counted lines are tagged with."""
+    tags = {tag for _, line_tags in _tagged_lines(path) for tag in line_tags}
+    return tuple(step for step in STEPS if step in tags)
+
+
+def _tagged_lines(path: str) -> list[tuple[str, set[str]]]:
+    """(code without its comment, the tags of its statement) for each counted line."""
     text = textwrap.dedent(source(path))
     lines = text.splitlines()
-    function = ast.parse(text).body[0]
+    tags = _tags(text)
     kept = []
-    for first, last, compound in _chunks(function.body):
-        chunk = [line.split("#", 1)[0].strip() for line in lines[first - 1:last]]
-        code = " ".join(chunk)
-        if re.search(r"\bRun\.", code) or (not compound and _bookkeeping(code)):
+    for first, last, _ in _chunks(ast.parse(text).body[0].body):
+        found = set().union(*(tags.get(n, set()) for n in range(first, last + 1)))
+        if BOOKKEEPING in found:
             continue
-        kept += [c for c in chunk if c]
+        chunk = [line.split("#", 1)[0].strip() for line in lines[first - 1:last]]
+        kept += [(c, found) for c in chunk if c]
     return kept
 
 
-def _bookkeeping(code: str) -> bool:
-    """A statement that calls the Run record (`run.record(...)`) or sets one of its fields
-    (`run.accelerator = ...`); one that only reads `run.device` is the method's own code."""
-    return bool(re.search(r"\brun\.[\w.]+\(", code) or re.match(r"run\.[\w.]+\s*=[^=]", code))
+def _tags(text: str) -> dict[int, set[str]]:
+    """Line number -> the [tags] in its comment (a comment on a line of its own tags the
+    line after it). An unknown tag is an error: a typo would silently move the chart."""
+    found: dict[int, set[str]] = {}
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type != tokenize.COMMENT:
+            continue
+        row, col = token.start
+        alone = not token.line[:col].strip()
+        for tag in re.findall(r"\[([^\]]+)\]", token.string):
+            if tag not in (*STEPS, BOOKKEEPING):
+                raise ValueError(f"line {row}: unknown tag [{tag}]; accepted: "
+                                 + ", ".join(f"[{t}]" for t in (*STEPS, BOOKKEEPING)))
+            found.setdefault(row + 1 if alone else row, set()).add(tag)
+    return found
 
 
 def _chunks(body: list[ast.stmt]):
@@ -136,10 +153,8 @@ def _chunks(body: list[ast.stmt]):
 
 def profile(path: str) -> PathProfile:
     """Measure one path (see the module docstring)."""
-    code = "\n".join(method_lines(path))
-    written = tuple(step for step, pattern in STEPS.items() if re.search(pattern, code))
     settings = sum(_settings(target) for target in CONFIGURED[_checked(path)])
-    return PathProfile(path, len(method_lines(path)), written, settings)
+    return PathProfile(path, len(method_lines(path)), steps_written(path), settings)
 
 
 def profiles(paths=None) -> Table:

@@ -34,7 +34,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.01
     warmup_steps: int = 50
-    schedule: str = "linear"           # warm-up, then linear decay to 5 % of lr; or "constant"
+    schedule: str = "linear"           # warm-up from 0, then linear decay to 0; or "constant"
     max_grad_norm: float | None = None
     scaler: str = "torch"              # fp16 only: torch.amp.GradScaler or mplab.scaler's twin
     init_scale: float = 2.0**16        # the GradScaler's settings, by torch's names and defaults
@@ -51,11 +51,13 @@ class TrainConfig:
     save_every: int | None = None      # steps; a checkpoint is also written at the end
     resume: bool = False               # continue from checkpoint_dir's checkpoint, if any
     progress: bool = True
+    watch: bool = True                 # the hooks diagnose reads (zero gradients, unchanged
+    #                                    weights); off, every precision pays only its own cost
 
     # What a resumed run may change: the rest must match the checkpoint, or it would not be
     # the same run continued.
     RESUMABLE_CHANGES = ("device", "eval_every", "eval_samples", "checkpoint_dir", "save_every",
-                         "resume", "progress")
+                         "resume", "progress", "watch")
 
     def __post_init__(self):
         _one_of("path", self.path, PATHS)
@@ -110,6 +112,9 @@ class TrainConfig:
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume=True needs checkpoint_dir: the folder holding the "
                              "checkpoint to continue from")
+        for name in ("attention_mask", "by_length", "resume", "progress", "watch"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f"model must be 'lesson', 'minilm' or a hub name / saved folder, got "
                              f"{self.model!r}")

@@ -49,6 +49,19 @@ class Rows(torch.utils.data.Dataset):
                 item[key] = torch.tensor(list(value[:width]) + [fill] * (width - len(value)))
         return item
 
+    def collate(self, items: list[dict]) -> dict:
+        """Items into a batch, each key padded on the right to the batch's widest item: under
+        several processes, a process's last evaluation batch is filled up with rows from the
+        start of the split (Accelerate's even batches), which are cut to other widths."""
+        width = max(len(item["input_ids"]) for item in items)
+        batch = {"labels": torch.stack([item["labels"] for item in items])}
+        for key in self.keys:
+            fill = self.pad_id if key == "input_ids" else 0
+            batch[key] = torch.stack([torch.nn.functional.pad(item[key],
+                                                              (0, width - len(item[key])),
+                                                              value=fill) for item in items])
+        return batch
+
 
 class RunOrder(Rows):
     """The run's training reviews in the order the torch path trains on them, one epoch at a

@@ -20,14 +20,13 @@ import time
 
 import torch
 
-from mplab.audit import Observer, audit
+from mplab.audit import autocast_supported
 from mplab.formats import get_format
 from mplab.hardware import has_units
 
 from .common import device_name
-from .result import TrainResult
-from .run import StepCounter
-from .watch import ScalerCalls, StepWatch, inner_optimizer
+from .result import OWN_LOOP, TrainResult
+from .watch import ScalerCalls, StepCounter, StepLog, inner_optimizer
 
 _SCALER_SETTINGS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
 
@@ -55,65 +54,46 @@ class Recorder:
             raise ValueError(f"precision {precision!r}: accepted: 'fp32', 'bf16', 'fp16'")
         device = next(model.parameters()).device
         config = {"precision": precision, "max_grad_norm": max_grad_norm,
-                  "optimizer": type(inner).__name__,
+                  "optimizer": type(inner).__name__, "lr": inner.param_groups[0].get("lr"),
                   "rounding": getattr(optimizer, "rounding", None),
                   "scaler": type(scaler).__module__.split(".")[0] if scaler is not None else None}
         if scaler is not None and scaler.is_enabled():
             config |= {k: _setting(scaler, k) for k in _SCALER_SETTINGS}
         self.result = TrainResult(
-            path="own loop", precision=precision, device=str(device), model=name,
+            path=OWN_LOOP, precision=precision, device=str(device), model=name,
             parameters=sum(p.numel() for p in model.parameters()), device_name=device_name(device),
             config=config, has_units=has_units(precision) if device.type == "cpu" else None)
         self._stepped = StepCounter(inner)
-        self._observer = Observer(model, inner)
-        self._watch = StepWatch(model, optimizer, zeros=precision == "fp16")
-        self._calls = ScalerCalls(scaler) if scaler is not None else None
+        self.log = StepLog(self.result, model, optimizer,
+                           scaler_calls=ScalerCalls(scaler) if scaler is not None else None)
         self._started = self._tick = time.perf_counter()
 
     def step(self, loss, *, grad_norm=None) -> None:
         """End one iteration: its loss (a tensor or a number) and, if you clip, the norm
         `clip_grad_norm_` returned. Call it once per optimizer iteration, after zero_grad."""
-        result = self.result
         value = float(loss.detach().float()) if isinstance(loss, torch.Tensor) else float(loss)
         now = time.perf_counter()
-        result.step_seconds.append(now - self._tick)
-        self._tick = now
-        result.losses.append(value)
-        result.steps = len(result.losses)
-        if not self._stepped.stepped():
-            result.skipped_steps.append(result.steps)
-        if self.scaler is not None and self.scaler.is_enabled():
-            result.scales.append(float(self.scaler.get_scale()))
-        if self._calls is not None:
-            result.scaler_calls.append(self._calls.counts())
-        if grad_norm is not None:
-            result.grad_norms.append(float(grad_norm))
-        zeros, unchanged = self._watch.measure()
-        if result.precision == "fp16":
-            result.zero_grad_fractions.append(zeros)
-        if unchanged is not None:
-            result.unchanged_weight_fractions.append(unchanged)
+        seconds, self._tick = now - self._tick, now
+        scaled = self.scaler is not None and self.scaler.is_enabled()
+        self.log.step(value, seconds, skipped=not self._stepped.stepped(),
+                      scale=float(self.scaler.get_scale()) if scaled else None,
+                      grad_norm=grad_norm)
+        self.result.steps = len(self.result.losses)
 
     def finish(self) -> TrainResult:
         """The record, with what was observed and the audit; the hooks are removed."""
-        result, seen = self.result, self._observer
-        result.compute_dtype, result.output_dtype = seen.compute_dtype, seen.output_dtype
+        result = self.result
+        self.log.observed()
         result.seconds = result.train_seconds = time.perf_counter() - self._started
-        found = audit(self.model, inner_optimizer(self.optimizer), scaler=self.scaler,
-                      result=result, autocast=self.autocast)
-        result.audit = found
-        result.param_dtype, result.optimizer_state_dtype = (found.param_dtype,
-                                                            found.optimizer_state_dtype)
-        result.grad_dtype = seen.grad_dtype or found.grad_dtype
-        result.warnings.extend(found.fallbacks)
+        found = self.log.audit(inner_optimizer(self.optimizer), scaler=self.scaler,
+                               autocast=self.autocast)
+        result.warnings.extend(f.text for f in found.fallbacks)
         self.remove()
         return result
 
     def remove(self) -> None:
-        for part in (self._stepped, self._observer, self._watch, self._calls):
-            if part is not None:
-                part.remove()
-        self._calls = None
+        self._stepped.remove()
+        self.log.remove()
 
     def __enter__(self) -> Recorder:
         return self
@@ -123,9 +103,14 @@ class Recorder:
 
 
 def _precision_of(autocast) -> str:
-    if autocast is None or not autocast._enabled:
+    """What an autocast asks for: fp32 when off by choice (`enabled=False`); its dtype when
+    on, or when torch switched it off (a dtype or device it does not support here)."""
+    if autocast is None:
         return "fp32"
-    return get_format(autocast.fast_dtype).name
+    if not autocast._enabled and autocast_supported(autocast.device, autocast.fast_dtype):
+        return "fp32"
+    name = get_format(autocast.fast_dtype).name
+    return name if name in ("bf16", "fp16") else "fp32"
 
 
 def _setting(scaler, name: str) -> float:

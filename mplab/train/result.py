@@ -13,6 +13,11 @@ from mplab._display import Table
 from mplab.audit import DTYPE_FIELDS, Audit
 from mplab.formats import dtype_from_name, dtype_name
 
+#: `TrainResult.path` of a loop of one's own, recorded by `Recorder` (not one of mplab's paths).
+OWN_LOOP = "own loop"
+#: Why a run stopped early (`TrainResult.stop_reason`): the code, and what it means.
+STOP_REASONS = {"non_finite_loss": "the loss became inf or NaN, so training stopped"}
+
 
 @dataclass
 class TrainResult:
@@ -36,7 +41,9 @@ class TrainResult:
       them a step left as they were (swamped updates). `scaler_calls` (a `Recorder`'s own
       loops): how often `unscale_`, `step` and `update` ran in each iteration. All are seen
       by hooks (mplab.train.watch), for `mplab.diagnose`.
-    - `has_units`: whether the CPU has arithmetic units for the precision (None on a GPU).
+    - `has_units`: whether the CPU has arithmetic units for the precision (None on a GPU);
+      `matmul_slowdown`: where it was measured slow before the run, how many times as long a
+      256x256 matmul took in the precision as in fp32 (one thread; None otherwise).
     - `step_seconds`: the time of each step this call trained (after a resume, from where it
       resumed): the first includes warm-up (kernels, allocations), so a steady speed is the
       median of the rest (`steady_step_seconds`).
@@ -45,7 +52,8 @@ class TrainResult:
     - `peak_memory_bytes`: on a GPU, `torch.cuda.max_memory_allocated` since the run began; on
       a CPU, the process's peak resident set size (`ru_maxrss`), which includes everything the
       process held before the run. `peak_memory_kind` says which.
-    - `stopped`: None for a run that finished, else why it stopped early.
+    - `stopped`: None for a run that finished, else why it stopped early, in words;
+      `stop_reason` the same as a code (a key of `STOP_REASONS`).
     """
 
     path: str
@@ -66,6 +74,7 @@ class TrainResult:
     unchanged_weight_fractions: list[float | None] = field(default_factory=list)
     scaler_calls: list[dict] = field(default_factory=list)
     has_units: bool | None = None
+    matmul_slowdown: float | None = None
     eval_accuracy: float | None = None
     eval_history: list[tuple[int, float]] = field(default_factory=list)
     samples_per_s: float = 0.0
@@ -80,6 +89,7 @@ class TrainResult:
     global_batch_size: int = 0
     resumed_from: int | None = None
     stopped: str | None = None
+    stop_reason: str | None = None
     warnings: list[str] = field(default_factory=list)
     device_name: str = ""
     torch_version: str = torch.__version__

@@ -12,10 +12,11 @@ autocast where a reader sees them, then drives a `Run`:
         return run.finish()
 
 `Run` owns the data, progress bar, timing, periodic evaluation, checkpoints, the `on_step`
-callback, the audit and the `TrainResult`; the path owns the arithmetic. A path whose library
-runs the loop hands Run its pieces instead: Accelerate's prepared DataLoader
-(`loader_batches`), its `save_state`/`load_state` (`prepare`), the Trainer's callbacks
-(`managed`: the Trainer evaluates and checkpoints itself).
+callback and the `TrainResult`, whose steps it writes through `watch.StepLog` (as `Recorder`
+does for a loop of one's own); the path owns the arithmetic. A path whose library runs the
+loop hands Run its pieces instead: Accelerate's prepared DataLoader (`loader_batches`), its
+`save_state`/`load_state` (`prepare`), the Trainer's callbacks (`Run.start(..., managed=True)`:
+the Trainer evaluates and checkpoints itself), the Accelerator to audit (`finish`).
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mplab import data, models
-from mplab.audit import Observer, audit
-from mplab.hardware import has_units
+from mplab.hardware import has_units, synchronize
 
 from .common import (
     NonFiniteLossError,
@@ -53,37 +53,14 @@ from .common import (
     non_finite_message,
     peak_memory,
     reset_peak_memory,
-    synchronize,
 )
 from .config import TrainConfig
 from .result import TrainResult
-from .watch import StepWatch
+from .watch import StepLog
 
 CHECKPOINT_FORMAT = 1
 _RECORD = ("losses", "scales", "skipped_steps", "grad_norms", "zero_grad_fractions",
            "unchanged_weight_fractions", "eval_history")  # resumed too
-
-
-class StepCounter:
-    """Did `optimizer.step()` really run? A GradScaler skips it when a gradient is inf/NaN; an
-    optimizer post-hook sees whether it ran, as Accelerate's `step_was_skipped` does. (Reading
-    it off a falling scale would miss a scale of 0 and `update(new_scale)`.) Fused optimizers
-    given `grad_scale` skip inside their kernel instead: mplab's paths use plain AdamW."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer):
-        self.count = self._seen = 0
-        self._hook = optimizer.register_step_post_hook(self._ran)
-
-    def _ran(self, optimizer, args, kwargs) -> None:
-        self.count += 1
-
-    def stepped(self) -> bool:
-        """True if the optimizer stepped since the last call."""
-        ran, self._seen = self.count > self._seen, self.count
-        return ran
-
-    def remove(self) -> None:
-        self._hook.remove()
 
 
 @dataclass
@@ -110,15 +87,13 @@ class Run:
     train_seconds: float = 0.0
     samples: int = 0
     tokens: int = 0
-    accelerator: object = None  # Accelerate's, on the accelerate and trainer paths
     managed: bool = False      # the Trainer evaluates and saves checkpoints itself
     save_state: object = None  # the path's own checkpointing of its parts (Accelerate's)
     load_state: object = None
+    log: StepLog | None = None  # writes each step into `result`, and watches the model
     _tick: float = 0.0
     _tokens_now: int = 0
     _bar: object = None
-    _observer: Observer | None = None
-    _watch: StepWatch | None = None
 
     @property
     def device(self) -> torch.device:
@@ -137,15 +112,16 @@ class Run:
     @classmethod
     @contextmanager
     def start(cls, config: TrainConfig, path: str, model=None, tokenizer=None,
-              on_step=None) -> Iterator[Run]:
+              on_step=None, *, managed: bool = False) -> Iterator[Run]:
         """Join the processes, seed the run (leaving the caller's RNG as it was), load the
-        data and the model onto the device, and open the result record."""
+        data and the model onto the device, and open the result record. `managed`: the
+        path's library (the Trainer) evaluates and checkpoints on its own schedule."""
         procs = Processes.start(config.device)
         try:
             cuda = [procs.device.index or 0] if procs.device.type == "cuda" else []
             with torch.random.fork_rng(devices=cuda):
                 torch.manual_seed(config.seed)
-                run = cls._create(config, path, procs, model, tokenizer, on_step)
+                run = cls._create(config, path, procs, model, tokenizer, on_step, managed)
                 try:
                     yield run
                 finally:
@@ -154,7 +130,7 @@ class Run:
             procs.close()
 
     @classmethod
-    def _create(cls, config, path, procs, model, tokenizer, on_step) -> Run:
+    def _create(cls, config, path, procs, model, tokenizer, on_step, managed) -> Run:
         device = procs.device
         check_precision(config.precision, device)
         global_size = config.batch_size * config.accumulation_steps * procs.world_size
@@ -179,9 +155,10 @@ class Run:
             world_size=procs.world_size, global_batch_size=global_size,
             device_name=device_name(device), config=config.as_dict(),
             has_units=has_units(config.precision) if device.type == "cpu" else None)
-        run = cls(config, procs, model, tokenizer, train_data, test_data, result, on_step)
-        run._observer = Observer(model)  # what really ran: matmul, output and gradient dtypes
-        for note in notes + _setting_notes(config, device):
+        run = cls(config, procs, model, tokenizer, train_data, test_data, result, on_step,
+                  managed=managed)
+        run.log = StepLog(result, model, watch=config.watch)  # what really ran, step by step
+        for note in notes + _setting_notes(config, device, result):
             run.warn(note)
         return run
 
@@ -196,10 +173,7 @@ class Run:
         self.optimizer, self.scheduler, self.scaler = optimizer, scheduler, scaler
         self.autocast = autocast
         self.save_state, self.load_state = save_state, load_state
-        if self._observer is not None:
-            self._observer.watch(optimizer)
-        # underflow can only happen to fp16 gradients; swamping only to low-precision weights
-        self._watch = StepWatch(self.model, optimizer, zeros=self.config.precision == "fp16")
+        self.log.watch_optimizer(optimizer)
         if not self.config.resume or self.managed:  # the Trainer resumes on its own
             return
         if self._load_checkpoint():
@@ -208,8 +182,9 @@ class Run:
             self.warn(f"resume: no checkpoint in {self.config.checkpoint_dir!r} yet, so the run "
                       "starts at step 0")
 
-    def finish(self) -> TrainResult:
-        """The final evaluation and checkpoint, then the figures; returns the result."""
+    def finish(self, accelerator=None) -> TrainResult:
+        """The final evaluation and checkpoint, then the figures and the audit (with the
+        path's `accelerator`, Accelerate's, where it has one); returns the result."""
         result = self.result
         if self.test_data is not None:
             if not result.eval_history or result.eval_history[-1][0] != self.step:
@@ -218,30 +193,23 @@ class Run:
         if self.config.checkpoint_dir and not self.managed:
             self._save_checkpoint()
         self._figures()
-        self.audit()
+        self.audit(accelerator)
         return result
 
-    def audit(self) -> None:
+    def audit(self, accelerator=None) -> None:
         """Did mixed precision really happen? The audit of the model, optimizer and what was
         observed goes into the result; each silent fallback it names becomes a warning."""
-        result = self.result
         autocast = self.autocast if isinstance(self.autocast, torch.autocast) else None
-        found = audit(self.model, self.optimizer, scaler=self.scaler, result=result,
-                      autocast=autocast, accelerator=self.accelerator)
-        result.audit = found
-        result.param_dtype, result.optimizer_state_dtype = (found.param_dtype,
-                                                            found.optimizer_state_dtype)
-        result.grad_dtype = found.grad_dtype
+        found = self.log.audit(self.optimizer, scaler=self.scaler, autocast=autocast,
+                               accelerator=accelerator)
         for fallback in found.fallbacks:
-            self.warn(fallback)
+            self.warn(fallback.text)
 
     def _close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        if self._observer is not None:
-            self._observer.remove()
-        if self._watch is not None:
-            self._watch.remove()
+        if self.log is not None:
+            self.log.remove()
 
     # ---- the loop's bookkeeping -----------------------------------------------------------
 
@@ -318,6 +286,7 @@ class Run:
             result = self.result
             result.stopped = non_finite_message(self.step + 1, value, self.config.precision,
                                                 self.config.lr, result.losses)
+            result.stop_reason = "non_finite_loss"
             self._figures()
             raise NonFiniteLossError(result.stopped, result)
         return value
@@ -332,22 +301,9 @@ class Run:
         synchronize(self.device)
         seconds = time.perf_counter() - self._tick
         self.train_seconds += seconds
-        result.step_seconds.append(seconds)
         self.samples += self.global_size
         self.tokens += self._tokens_now
-        result.losses.append(loss)
-        if scale is not None:
-            result.scales.append(scale)
-        if skipped:
-            result.skipped_steps.append(self.step)
-        if grad_norm is not None:
-            result.grad_norms.append(float(grad_norm))
-        if self._watch is not None:
-            zeros, unchanged = self._watch.measure()
-            if self.config.precision == "fp16":
-                result.zero_grad_fractions.append(zeros)
-            if unchanged is not None:
-                result.unchanged_weight_fractions.append(unchanged)
+        self.log.step(loss, seconds, skipped=skipped, scale=scale, grad_norm=grad_norm)
         postfix = {"loss": f"{loss:.4f}"} | ({"scale": f"{scale:g}"} if scale else {})
         self._bar.set_postfix(postfix, refresh=False)
         self._bar.update()
@@ -372,11 +328,8 @@ class Run:
             warnings.warn(message, TrainWarning, stacklevel=_outside_mplab_train())
 
     def _figures(self) -> None:
-        result, seen = self.result, self._observer
-        if seen is not None:
-            result.compute_dtype = seen.compute_dtype or result.compute_dtype
-            result.output_dtype = seen.output_dtype or result.output_dtype
-            result.grad_dtype = seen.grad_dtype or result.grad_dtype
+        result = self.result
+        self.log.observed()
         result.seconds = time.perf_counter() - self.started
         result.train_seconds = self.train_seconds
         if self.train_seconds > 0:
@@ -459,7 +412,10 @@ def _outside_mplab_train() -> int:
 
 
 def lr_schedule(config: TrainConfig, calls_per_step: int = 1):
-    """Linear warm-up over `warmup_steps`, then (for "linear") a linear decay to 5 % of lr.
+    """The Trainer's schedule, on every path (transformers' `get_linear_schedule_with_warmup`,
+    or `get_constant_schedule_with_warmup` for "constant"): the factor of lr at optimizer step
+    s (from 0) is s / warmup_steps during the warm-up (so the first step has lr 0), then for
+    "linear" (steps - s) / (steps - warmup_steps), down to 0 at the end.
 
     `calls_per_step`: how often the scheduler is stepped per optimizer step. Accelerate steps
     a prepared scheduler once per process (its convention: a schedule counts the steps of one
@@ -467,20 +423,22 @@ def lr_schedule(config: TrainConfig, calls_per_step: int = 1):
     """
     def factor(calls: int) -> float:
         s = calls // calls_per_step
-        warm = min(1.0, (s + 1) / config.warmup_steps) if config.warmup_steps else 1.0
+        if s < config.warmup_steps:
+            return s / config.warmup_steps
         if config.schedule == "constant":
-            return warm
-        return warm * max(0.05, 1 - s / config.steps)
+            return 1.0
+        return max(0.0, (config.steps - s) / max(1, config.steps - config.warmup_steps))
     return factor
 
 
-def _setting_notes(config: TrainConfig, device: torch.device) -> list[str]:
+def _setting_notes(config: TrainConfig, device: torch.device, result: TrainResult) -> list[str]:
     notes = []
     # Accelerate (alone or in the Trainer) trains fp16 on a CPU in fp32: no fp16 cost to warn of
     ignored = config.path != "torch" and config.precision == "fp16" and device.type == "cpu"
     cost = None if ignored else low_precision_cost(config.precision, device)
     if cost:
-        notes.append(cost)
+        result.matmul_slowdown, said = cost
+        notes.append(said)
     if config.scaler != "torch" and config.precision != "fp16":
         notes.append(f"scaler={config.scaler!r} is unused: only fp16 needs a GradScaler, "
                      f"{config.precision} runs without one")

@@ -1,7 +1,9 @@
 """Lesson 4's path, plain PyTorch: autocast around the forward, a GradScaler around the rest.
 
 `train_torch` below is the whole method; what every path shares (data, progress, timing,
-evaluation, checkpoints, the result) is `Run`'s, in run.py.
+evaluation, checkpoints, the result) is `Run`'s, in run.py. A comment's tag in brackets names
+the part of a training step its line writes (`compare.STEPS`); `[mplab]` marks mplab's own
+bookkeeping, the same on every path (lessons 5 and 6 measure the paths by these tags).
 """
 
 from __future__ import annotations
@@ -11,53 +13,57 @@ import torch
 from mplab.formats import dtype_of
 from mplab.scaler import GradScaler as MplabGradScaler
 
+from .common import decay_groups
 from .config import TrainConfig
 from .result import TrainResult
-from .run import Run, StepCounter, lr_schedule
+from .run import Run, lr_schedule
+from .watch import StepCounter
 
 
 def train_torch(config: TrainConfig, model=None, tokenizer=None, on_step=None) -> TrainResult:
     """Train as `config` says and return the record; see `mplab.train.train`."""
-    with Run.start(config, "torch", model, tokenizer, on_step) as run:
+    with Run.start(config, "torch", model, tokenizer, on_step) as run:  # [mplab]
         model, device = run.model, run.device
         # Mixed precision is two objects, each switched off by construction rather than by
         # `if`s in the loop: autocast (off in fp32) and a GradScaler (on for fp16 only: bf16
         # has fp32's exponent range and needs none, lesson 3).
-        autocast = torch.autocast(device.type, dtype=dtype_of(config.precision),
+        autocast = torch.autocast(device.type, dtype=dtype_of(config.precision),  # [autocast]
                                   enabled=config.precision != "fp32")
         GradScaler = MplabGradScaler if config.scaler == "mplab" else torch.amp.GradScaler
         scaler = GradScaler(device.type, enabled=config.precision == "fp16",
                             **config.scaler_settings)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
-                                      weight_decay=config.weight_decay)
+        # no weight decay for biases and norms, as the Trainer (lesson 6) chooses
+        optimizer = torch.optim.AdamW(decay_groups(model, config.weight_decay), lr=config.lr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config))
         net = _distributed(model, run)
-        run.prepare(optimizer, scheduler, scaler, autocast)
+        run.prepare(optimizer, scheduler, scaler, autocast)  # [mplab]
         stepped = StepCounter(optimizer)
 
         for batch in run.batches():
             loss = 0.0
-            for micro, sync in run.micro_batches(batch, net):  # gradient accumulation
+            for micro, sync in run.micro_batches(batch, net):  # [accumulation]
                 with sync:
-                    with autocast:
+                    with autocast:  # [autocast]
                         micro_loss = net(**micro).loss / config.accumulation_steps
-                    scaler.scale(micro_loss).backward()  # backward outside autocast
+                    # [loss scaling] [backward] outside autocast
+                    scaler.scale(micro_loss).backward()
                 loss += micro_loss.detach()
-            loss = run.check_finite(loss)  # stops the run, with the likely cause, on inf/NaN
+            loss = run.check_finite(loss)  # [mplab] stops the run on inf/NaN, saying why
             norm = None
             if config.max_grad_norm is not None:
-                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                # [unscale + clip] the true gradients, not the scaled ones
+                scaler.unscale_(optimizer)
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            scaler.step(optimizer)  # unscales, and skips the step if a gradient is inf/NaN
-            scaler.update()  # the next scale: back off after an inf, grow after a clean run
-            optimizer.zero_grad(set_to_none=True)
+            scaler.step(optimizer)  # [optimizer step] unscales; skips it on an inf/NaN
+            scaler.update()  # [scaler update] back off after an inf, grow after clean runs
+            optimizer.zero_grad(set_to_none=True)  # [zero_grad]
             skipped = not stepped.stepped()
             if not skipped:
-                scheduler.step()  # the schedule counts real updates
-            run.record(loss, skipped=skipped, grad_norm=norm,
+                scheduler.step()  # [lr schedule] it counts real updates
+            run.record(loss, skipped=skipped, grad_norm=norm,  # [mplab]
                        scale=scaler.get_scale() if scaler.is_enabled() else None)
         stepped.remove()
-        return run.finish()
+        return run.finish()  # [mplab]
 
 
 def _distributed(model: torch.nn.Module, run: Run):

@@ -2,9 +2,10 @@
 `TrainingArguments(fp16=... or bf16=...)` asking Accelerate for the mixed precision.
 
 `train_trainer` below is the course's code: data through `datasets`, `TrainingArguments`,
-`Trainer(...)`, `trainer.train()`. `RecordRun`, a `TrainerCallback`, turns the Trainer's logs
-into the `TrainResult` every path returns. `trainer_settings` maps `TrainConfig` onto the
-Trainer's arguments as closely as the Trainer allows (what differs is said there). Under
+`Trainer(...)`, `trainer.train()`; `[mplab]` tags mplab's bookkeeping, as in torch_path.py.
+`RecordRun`, a `TrainerCallback`, turns the Trainer's logs into the `TrainResult` every path
+returns. `trainer_settings` maps `TrainConfig` onto the Trainer's arguments, so that it
+trains as the torch path does. Under
 `torchrun --nproc_per_node N -m mplab.train --path trainer ...` every process runs it.
 """
 
@@ -36,10 +37,10 @@ def train_trainer(config: TrainConfig, model=None, tokenizer=None, on_step=None)
     """Train as `config` says and return the record; see `mplab.train.train`."""
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
-    with Run.start(config, "trainer", model, tokenizer, on_step) as run, fresh_accelerate(), \
-            _output_dir(config) as output_dir:
-        run.managed = True  # the Trainer evaluates and checkpoints on its own
-        with _quiet_datasets():  # the run's progress bar is the one to watch
+    # managed: the Trainer evaluates and checkpoints on its own
+    with Run.start(config, "trainer", model, tokenizer, on_step, managed=True) as run, \
+            fresh_accelerate(), _output_dir(config) as output_dir:  # [mplab]
+        with _quiet_datasets():  # [mplab] the run's progress bar is the one to watch
             dataset = {split: data.hf_dataset(config.dataset, split)
                        for split in _splits(config)}
             tokenized = {split: d.map(lambda batch: run.tokenizer(
@@ -61,11 +62,11 @@ def train_trainer(config: TrainConfig, model=None, tokenizer=None, on_step=None)
         run.model.accepts_loss_kwargs = False
         trainer = Trainer(model=run.model, args=training_args, train_dataset=train_dataset,
                           eval_dataset=eval_dataset, compute_metrics=compute_metrics,
+                          data_collator=train_dataset.collate,  # pads each batch to its widest
                           callbacks=[RecordRun(run, train_dataset)])
-        trainer.remove_callback(PrinterCallback)  # the run's progress bar shows the steps
-        run.accelerator = trainer.accelerator
+        trainer.remove_callback(PrinterCallback)  # [mplab] the run's progress bar shows it
         trainer.train(resume_from_checkpoint=_last_checkpoint(run))
-        return run.finish()
+        return run.finish(trainer.accelerator)  # [mplab]
 
 
 def compute_metrics(eval_pred) -> dict:
@@ -75,17 +76,14 @@ def compute_metrics(eval_pred) -> dict:
 
 
 def trainer_settings(config: TrainConfig) -> dict:
-    """TrainingArguments for `config`, matched to the torch path where the Trainer allows:
+    """TrainingArguments for `config`, so that the Trainer trains as the torch path does:
 
     - the same AdamW (`optim="adamw_torch"`; the Trainer's default is the fused kernel), lr,
       betas, eps and seed; steps (`max_steps`), batch per device and accumulation;
     - the same batches, in the same order (`RunOrder`, sampled sequentially);
     - `max_grad_norm=0` turns the Trainer's default clipping (1.0) off when config has none;
-    - differences the Trainer does not let us remove: its weight decay skips biases and
-      LayerNorm weights (the torch path decays every parameter); its warm-up starts at lr 0
-      on step 1 (the torch path's at lr/warmup_steps) and its linear decay ends at 0 (the
-      torch path's at 5 % of lr). With `warmup_steps=0` and `schedule="constant"` both paths
-      use the same learning rate at every step.
+    - the same two choices every path takes from the Trainer: no weight decay for biases and
+      norm weights (`common.decay_groups`), and its schedule (`run.lr_schedule`).
     """
     saving = config.save_every is not None
     return {

@@ -1,14 +1,20 @@
-"""What each optimizer step really did, seen by hooks rather than inferred from the loss.
+"""What each optimizer step really did, seen by hooks rather than inferred from the loss, and
+the one place a run's per-step record is written.
 
+- `StepCounter`: whether `optimizer.step()` really ran (a GradScaler skips it on inf/NaN).
 - `StepWatch`: per step, the share of gradient entries that are exactly 0 when the optimizer
   steps (fp16 gradients flush to 0 below 2**-24: underflow), and, for weights stored in
   bf16/fp16, the share of those weights that kept their value through the step (an update
   smaller than half a unit in the last place is rounded away: swamping).
-- `ScalerCalls`: how many times `unscale_`, `step` and `update` of a GradScaler ran in each
+- `ScalerCalls`: how many times `scale`, `unscale_`, `step` and `update` of a GradScaler ran in each
   iteration (once each is right; more is a bug the scale's history hides).
 
-mplab.train keeps both on every run that can show the effect; `Recorder` puts them on a loop
-of your own. `mplab.diagnose` reads what they recorded.
+- `StepLog`: the record of each step (loss, time, skip, scale, norm, what the watch saw) and,
+  at the end, what was observed and the audit. `Run` (mplab.train's paths) and `Recorder`
+  (a loop of your own) both write through it, so both records follow the same rules.
+
+mplab.train keeps the watch on every run that can show the effect (`TrainConfig.watch`);
+`Recorder` puts it on a loop of your own. `mplab.diagnose` reads what they recorded.
 """
 
 from __future__ import annotations
@@ -17,8 +23,12 @@ import functools
 
 import torch
 
+from mplab.audit import Audit, Observer, audit
+
+from .result import TrainResult
+
 LOW_PRECISION = (torch.float16, torch.bfloat16)
-SCALER_METHODS = ("unscale_", "step", "update")
+SCALER_METHODS = ("scale", "unscale_", "step", "update")
 
 
 def inner_optimizer(optimizer):
@@ -26,6 +36,28 @@ def inner_optimizer(optimizer):
     while hasattr(optimizer, "optimizer"):  # AcceleratedOptimizer subclasses Optimizer too
         optimizer = optimizer.optimizer
     return optimizer
+
+
+class StepCounter:
+    """Did `optimizer.step()` really run? A GradScaler skips it when a gradient is inf/NaN; an
+    optimizer post-hook sees whether it ran, as Accelerate's `step_was_skipped` does. (Reading
+    it off a falling scale would miss a scale of 0 and `update(new_scale)`.) Fused optimizers
+    given `grad_scale` skip inside their kernel instead: mplab's paths use plain AdamW."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.count = self._seen = 0
+        self._hook = inner_optimizer(optimizer).register_step_post_hook(self._ran)
+
+    def _ran(self, optimizer, args, kwargs) -> None:
+        self.count += 1
+
+    def stepped(self) -> bool:
+        """True if the optimizer stepped since the last call."""
+        ran, self._seen = self.count > self._seen, self.count
+        return ran
+
+    def remove(self) -> None:
+        self._hook.remove()
 
 
 class StepWatch:
@@ -98,3 +130,76 @@ class ScalerCalls:
     def remove(self) -> None:
         for name in SCALER_METHODS:
             self.scaler.__dict__.pop(name, None)
+
+
+class StepLog:
+    """Writes a run's record, step by step, into `result` (a `TrainResult`), by one set of
+    rules for every kind of run: a loss per step, the scale only with a scaler, skipped steps
+    by number, norms only when given, zero gradients for fp16 runs, unchanged weights where
+    they are low precision, and the scaler's calls where they are counted.
+
+    It watches `model` (the dtypes its matmuls, output and gradients ran in: `Observer`) and,
+    with `watch`, each step (`StepWatch`); `optimizer` may be given later (`watch_optimizer`).
+    """
+
+    def __init__(self, result: TrainResult, model: torch.nn.Module, optimizer=None, *,
+                 watch: bool = True, scaler_calls: ScalerCalls | None = None):
+        self.result, self.model, self.watching = result, model, watch
+        self.observer = Observer(model)
+        self._watch: StepWatch | None = None
+        self._calls = scaler_calls
+        if optimizer is not None:
+            self.watch_optimizer(optimizer)
+
+    def watch_optimizer(self, optimizer) -> None:
+        """Watch `optimizer`'s steps: the gradients' dtype, zeros (fp16) and unchanged weights."""
+        self.observer.watch(inner_optimizer(optimizer))
+        if self.watching:  # underflow can only happen to fp16 gradients
+            self._watch = StepWatch(self.model, optimizer,
+                                    zeros=self.result.precision == "fp16")
+
+    def step(self, loss: float, seconds: float, *, skipped: bool = False,
+             scale: float | None = None, grad_norm=None) -> None:
+        """One optimizer step: its loss, time, whether it was skipped, the scale after it
+        (None without a scaler) and the gradient norm before clipping (None without)."""
+        result = self.result
+        result.losses.append(loss)
+        result.step_seconds.append(seconds)
+        if skipped:
+            result.skipped_steps.append(len(result.losses))
+        if scale is not None:
+            result.scales.append(scale)
+        if grad_norm is not None:
+            result.grad_norms.append(float(grad_norm))
+        if self._calls is not None:
+            result.scaler_calls.append(self._calls.counts())
+        if self._watch is not None:
+            zeros, unchanged = self._watch.measure()
+            if result.precision == "fp16":
+                result.zero_grad_fractions.append(zeros)
+            if unchanged is not None:
+                result.unchanged_weight_fractions.append(unchanged)
+
+    def observed(self) -> None:
+        """What the hooks saw, into the record: the matmul, output and gradient dtypes."""
+        result, seen = self.result, self.observer
+        result.compute_dtype = seen.compute_dtype or result.compute_dtype
+        result.output_dtype = seen.output_dtype or result.output_dtype
+        result.grad_dtype = seen.grad_dtype or result.grad_dtype
+
+    def audit(self, optimizer, **parts) -> Audit:
+        """The audit of the model and `optimizer` (mplab.audit; `parts`: its scaler, autocast
+        and accelerator), into the record; returns it, for the caller to warn of fallbacks."""
+        result = self.result
+        found = audit(self.model, optimizer, result=result, **parts)
+        result.audit = found
+        result.param_dtype = found.param_dtype
+        result.optimizer_state_dtype = found.optimizer_state_dtype
+        result.grad_dtype = result.grad_dtype or found.grad_dtype
+        return found
+
+    def remove(self) -> None:
+        for part in (self.observer, self._watch, self._calls):
+            if part is not None:
+                part.remove()
+        self._watch = self._calls = None

@@ -166,7 +166,7 @@ class FailureLab(widgets.VBox):
 def verdict(failure: lab.Failure, fixed: Diagnosis) -> str:
     """Whether a fix worked, by the only test that counts: diagnose no longer finds the cause
     the failure reproduces (on a CPU an fp16 run still gets the "no_units" warning)."""
-    if failure.name in fixed:
+    if not failure.fixed_in(fixed):
         return f"still there: diagnose still finds {failure.title}"
     others = [CAUSES[name] for name in fixed.names if name != failure.name]
     return (f"fixed: diagnose no longer finds {failure.title}"
