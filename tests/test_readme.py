@@ -1,6 +1,7 @@
 """Every training command the README shows runs as written: each `python -m mplab.train`,
 `torchrun` and `accelerate launch` line of its bash blocks, shortened only by `--steps`
-(argparse keeps the last), evaluation on. Tools start as `sys.executable -m ...`."""
+(argparse keeps the last), evaluation on; and trains as one process does on the same global
+batch. Tools start as `sys.executable -m ...`."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,29 @@ def as_run(command: str) -> list[str]:
     return LAUNCHERS[launcher] + rest + ["--steps", "3"]
 
 
+def processes(words: list[str]) -> int:
+    """How many processes a launcher line starts (1 for plain python)."""
+    for flag in ("--nproc_per_node", "--num_processes"):
+        if flag in words:
+            return int(words[words.index(flag) + 1])
+    return 1
+
+
+def one_process_twin(command: str):
+    """The same run in this process, on the same global batch: (TrainResult, processes)."""
+    from mplab.train import TrainConfig, TrainWarning, train
+    from mplab.train.__main__ import parser
+
+    words = shlex.split(command)
+    args = vars(parser().parse_args(words[words.index("mplab.train") + 1:] + ["--steps", "3"]))
+    args.pop("json")
+    n = processes(words)
+    config = TrainConfig(**args | {"batch_size": args["batch_size"] * n, "progress": False})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrainWarning)
+        return train(config), n
+
+
 @pytest.mark.slow  # about 10 s each: up to two processes import torch and transformers
 @pytest.mark.parametrize("command", COMMANDS)
 def test_each_readme_training_command_runs_as_written(command, tmp_path):
@@ -61,7 +86,13 @@ def test_each_readme_training_command_runs_as_written(command, tmp_path):
     summary = done.stdout[done.stdout.index("mplab.train:"):]
     assert re.search(r"steps\s+3 of 3", summary), summary
     assert re.search(r"eval accuracy\s+0\.\d{3}", summary), summary  # it evaluated
-    if "--json" in command:
-        record = json.loads((tmp_path / shlex.split(command)[shlex.split(command).index("--json")
-                                                           + 1]).read_text())
-        assert len(record["losses"]) == 3 and record["eval_accuracy"] is not None
+    twin, n = one_process_twin(command)
+    said = re.search(r"global batch\s+(\d+) \((\d+) process", summary)
+    assert (int(said[1]), int(said[2])) == (twin.global_batch_size, n), summary
+    first, last = map(float, re.search(r"loss first -> last\s+(\S+) -> (\S+)", summary).groups())
+    assert (first, last) == pytest.approx((twin.losses[0], twin.final_loss), abs=2e-4)
+    words = shlex.split(command)
+    if "--json" in words:
+        record = json.loads((tmp_path / words[words.index("--json") + 1]).read_text())
+        assert record["losses"] == pytest.approx(twin.losses, rel=1e-4)
+        assert record["eval_accuracy"] == twin.eval_accuracy

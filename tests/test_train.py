@@ -266,23 +266,6 @@ def test_cli_bad_input_says_what_was_given_and_what_is_accepted(args, expected, 
     assert code == 2 and expected in capsys.readouterr().err
 
 
-@pytest.mark.slow  # about 10-15 s: two processes import torch and transformers
-def test_torchrun_with_two_processes_matches_one_process_on_the_same_global_batch(tmp_path):
-    """Each process takes half of every global batch; DDP averages the gradients."""
-    out = tmp_path / "ddp.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "mplab.train", "--device", "cpu", "--steps", "4", "--batch-size", "4",
-         "--eval-samples", "0", "--no-progress", "--json", str(out)],
-        capture_output=True, text=True, env=env(), cwd=ROOT, timeout=180)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("mplab.train: fp32 on cpu") == 1  # only rank 0 prints
-    ddp = json.loads(out.read_text())
-    single = train(steps=4, **TINY)  # batch 8 = 2 processes x 4
-    assert ddp["world_size"] == 2 and ddp["global_batch_size"] == single.global_batch_size == 8
-    assert ddp["losses"] == pytest.approx(single.losses, rel=1e-4)
-
-
 # ---- bad input ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("settings, expected", [
