@@ -1,9 +1,11 @@
 """The precision explorer in a real headless Chromium: in JupyterLab and as a Voila page.
 
-Each test starts its own server on a free port with its own runtime and config folders, and
-shuts it down afterwards (its kernels too), pass or fail. Debian's Chromium drives it through
-Playwright; nothing is downloaded and nothing needs the network. On a failure a screenshot is
-saved in the test's tmp_path; a passing JupyterLab test leaves one of the explorer there too.
+The JupyterLab tests share one server on a free port with its own runtime and config folders;
+each test opens a notebook of its own and shuts its kernel down afterwards, pass or fail, and
+the server is stopped (its kernels too) after the last. The Voila test starts its own.
+Debian's Chromium drives it through Playwright; nothing is downloaded and nothing needs the
+network. On a failure a screenshot is saved in the test's tmp_path; a passing test leaves one
+of its widget there too.
 """
 
 from __future__ import annotations
@@ -167,21 +169,37 @@ def bit_button(page):
 
 # --- JupyterLab ------------------------------------------------------------------------------
 
-@pytest.fixture
-def lab(tmp_path):
-    """JupyterLab serving a temporary copy of notebooks/; yields (base url, token, runtime dir)."""
-    root = tmp_path / "root"
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory):
+    """JupyterLab serving a temporary copy of notebooks/; yields (base url, token, runtime dir).
+    One server for the module: starting one costs seconds, a notebook's kernel is per test."""
+    tmp = tmp_path_factory.mktemp("lab")
+    root = tmp / "root"
     shutil.copytree(NOTEBOOKS, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    env = isolated_env(tmp_path)
+    env = isolated_env(tmp)
     port, token = free_port(), secrets.token_hex(16)
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
            f"--port={port}", f"--IdentityProvider.token={token}", "--allow-root",
            f"--ServerApp.root_dir={root}"]
     LAB_ROOTS[base] = root
-    with running(cmd, env=env, cwd=root, log=tmp_path / "lab.log", port=port,
+    with running(cmd, env=env, cwd=root, log=tmp / "lab.log", port=port,
                  ready_url=f"{base}/api/status?token={token}"):
         yield base, token, Path(env["JUPYTER_RUNTIME_DIR"])
+
+
+@pytest.fixture
+def lab(lab_server):
+    """The shared JupyterLab, with every kernel the test started shut down after it."""
+    yield lab_server
+    base, token, _ = lab_server
+    with urllib.request.urlopen(f"{base}/api/sessions?token={token}", timeout=10) as r:
+        sessions = json.load(r)
+    for session in sessions:
+        request = urllib.request.Request(f"{base}/api/sessions/{session['id']}?token={token}",
+                                         method="DELETE")
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(request, timeout=30).close()
 
 
 def kernel_of(base: str, token: str, notebook: str) -> str:
@@ -232,7 +250,7 @@ def open_and_run(page, lab, notebook: str, source: str | None = None) -> None:
             cells=[nbformat.v4.new_code_cell(source)],
             metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
                                      "language": "python"}}), LAB_ROOTS[base] / notebook)
-    page.goto(f"{base}/lab/tree/{notebook}?token={token}")
+    page.goto(f"{base}/lab/tree/{notebook}?reset&token={token}")  # not the last test's tabs
     page.locator(".jp-Notebook .jp-Cell").first.wait_for()
     wait_until(lambda: kernel_of(base, token, notebook), "the notebook's kernel")
     page.locator(".lm-MenuBar-itemLabel").filter(has_text=re.compile(r"^Run$")).click()
@@ -240,10 +258,12 @@ def open_and_run(page, lab, notebook: str, source: str | None = None) -> None:
 
 
 def test_clicking_a_bit_in_jupyterlab_changes_the_kernels_value(lab, page, tmp_path):
+    """Lesson 1's explorer, as its cell makes it, in a notebook of its own."""
     base, token, runtime_dir = lab
-    notebook = "01_float_formats.ipynb"
+    notebook = "explorer.ipynb"
     with screenshot_on_failure(page, tmp_path / "failure.png"):
-        open_and_run(page, lab, notebook)
+        open_and_run(page, lab, notebook, "from mplab.widgets.lesson1 import precision_explorer"
+                                          "\nexplorer = precision_explorer(0.1)\nexplorer")
         button = bit_button(page)
         button.wait_for(state="visible")
         with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
@@ -291,13 +311,18 @@ def test_clicking_a_bit_on_the_voila_page_shows_the_new_value(voila, page, tmp_p
 
 @pytest.mark.timeout(600)
 def test_moving_the_loss_scale_slider_in_jupyterlab_redraws_the_table(lab, page, tmp_path):
+    """Lesson 2's loss-scale explorer over the lesson's captured step, as its cells make it,
+    in a notebook of its own."""
     base, token, runtime_dir = lab
-    notebook = "02_underflow_overflow.ipynb"
+    notebook = "loss_scale.ipynb"
     with screenshot_on_failure(page, tmp_path / "failure.png"):
-        open_and_run(page, lab, notebook)
+        open_and_run(page, lab, notebook, "from mplab import lessons\n"
+                                          "from mplab.widgets.lesson2 import loss_scale_explorer\n"
+                                          "cap = lessons.lesson_capture()\n"
+                                          "explorer = loss_scale_explorer(cap)\nexplorer")
         explorer = page.locator(".mplab-loss-scale")
         summary = explorer.locator(".mplab-scale-summary")
-        # the lesson trains its model for a few seconds first: wait for it longer
+        # the capture trains the lesson model for a few seconds first: wait for it longer
         summary.filter(has_text="At scale 2^0 ").wait_for(timeout=4 * WAIT_S * 1000)
         table = explorer.locator(".mplab-scale-table")
         before = table.inner_text()
@@ -344,100 +369,61 @@ def test_stepping_the_gradscaler_in_jupyterlab(lab, page, tmp_path):
         stepper.screenshot(path=str(tmp_path / "stepper-lab.png"))
 
 
-def test_training_from_the_panel_in_jupyterlab(lab, page, tmp_path):
-    """Lesson 4's panel: press "train" for a short fp32 run, see its row, and find the same
-    run in the kernel."""
+def test_training_on_each_path_from_the_panel_in_jupyterlab(lab, page, tmp_path):
+    """Lessons 4 to 6's panel, one path after another in the same panel: a short fp32 run on
+    the torch path (lesson 4); fp16 on the Accelerate path (lesson 5), whose row shows float32
+    matmuls and whose message says Accelerate ignored fp16; fp16 through the Trainer (lesson
+    6), the same. Each row is the run the kernel holds, with its audit."""
     base, token, runtime_dir = lab
     notebook = "panel.ipynb"
     with screenshot_on_failure(page, tmp_path / "failure.png"):
         open_and_run(page, lab, notebook,
                      "from mplab.widgets.lesson4 import training_panel\n"
-                     "panel = training_panel(steps=4, precision='fp32', device='cpu', "
+                     "panel = training_panel(steps=3, precision='fp32', device='cpu', "
                      "batch_size=8, eval_samples=16)\npanel")
         panel = page.locator(".mplab-training-panel")
         table = panel.locator(".mplab-train-table")
-        table.filter(has_text="No runs yet").wait_for()
-        panel.locator(".mplab-train-button").click()
-        row = table.locator("tr").nth(1)
-        row.wait_for()
-        cells = row.locator("td").all_inner_texts()
-        assert cells[:6] == ["1", "torch", "fp32", cells[3], "float32", "4"]
-        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
-            assert kernel_value(client, "len(panel.results[0].losses)") == "4"
-            final = float(kernel_value(client, "panel.results[0].final_loss"))
-        assert cells[6] == f"{final:.4f}"
-        panel.screenshot(path=str(tmp_path / "panel-lab.png"))
-
-
-def test_training_on_the_accelerate_path_from_the_panel_in_jupyterlab(lab, page, tmp_path):
-    """Lesson 5's panel, on the Accelerate path: pick fp16, press "train" on a CPU, and see the
-    run's row (its matmuls in float32) and the message that Accelerate ignored fp16; the
-    kernel holds the same run and its audit."""
-    base, token, runtime_dir = lab
-    notebook = "accelerate_panel.ipynb"
-    with screenshot_on_failure(page, tmp_path / "failure.png"):
-        open_and_run(page, lab, notebook,
-                     "from mplab.widgets.lesson4 import training_panel\n"
-                     "panel = training_panel(steps=3, precision='bf16', path='accelerate', "
-                     "device='cpu', batch_size=8, eval_samples=16)\npanel")
-        panel = page.locator(".mplab-training-panel")
-        table = panel.locator(".mplab-train-table")
-        table.filter(has_text="No runs yet").wait_for()
-        assert panel.locator(".mplab-train-path .mod-active").inner_text() == "accelerate"
-        panel.locator(".mplab-train-precision button").filter(
-            has_text=re.compile(r"^fp16$")).click()
-        panel.locator(".mplab-train-precision .mod-active").filter(has_text="fp16").wait_for()
-        panel.locator(".mplab-train-button").click()
-        row = table.locator("tr").nth(1)
-        row.wait_for()
-        cells = row.locator("td").all_inner_texts()
-        assert cells[:6] == ["1", "accelerate", "fp16", cells[3], "float32", "3"]
         message = panel.locator(".mplab-train-message")
-        message.filter(has_text="Accelerate ignores fp16 on a CPU").wait_for()
-        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
-            assert kernel_value(client, "panel.precision.value") == "'fp16'"
-            assert kernel_value(client, "[r.path for r in panel.results]") == "['accelerate']"
-            assert kernel_value(client, "str(panel.results[0].compute_dtype)") == \
-                "'torch.float32'"
-            assert kernel_value(client, "panel.results[0].audit.mixed") == "False"
-            fallback = kernel_value(client, "panel.results[0].audit.fallbacks[0].text")
-        assert "Accelerate ignores fp16 on a CPU" in fallback
-        assert "ignores fp16 on a CPU" in message.inner_text()
-        panel.screenshot(path=str(tmp_path / "accelerate-panel-lab.png"))
-
-
-def test_training_through_the_trainer_from_the_panel_in_jupyterlab(lab, page, tmp_path):
-    """Lesson 6's panel: pick the "trainer" path in the browser, press "train" for a short
-    fp16 run on the CPU, and find in its row and in the kernel that the Trainer trained it in
-    fp32 (it ignores fp16 on a CPU) and that mplab said so."""
-    base, token, runtime_dir = lab
-    notebook = "trainer_panel.ipynb"
-    with screenshot_on_failure(page, tmp_path / "failure.png"):
-        open_and_run(page, lab, notebook,
-                     "from mplab.widgets.lesson4 import training_panel\n"
-                     "panel = training_panel(steps=3, precision='fp16', device='cpu', "
-                     "batch_size=8, eval_samples=16)\npanel")
-        panel = page.locator(".mplab-training-panel")
-        table = panel.locator(".mplab-train-table")
         table.filter(has_text="No runs yet").wait_for()
-        panel.locator(".mplab-train-path button").filter(
-            has_text=re.compile(r"^trainer$")).click()
+        assert panel.locator(".mplab-train-path .mod-active").inner_text() == "torch"
+
+        def pick(group: str, name: str) -> None:
+            panel.locator(f".mplab-train-{group} button").filter(
+                has_text=re.compile(f"^{name}$")).click()
+            panel.locator(f".mplab-train-{group} .mod-active").filter(has_text=name).wait_for()
+
+        def train(run: int) -> list[str]:
+            panel.locator(".mplab-train-button").click()
+            row = table.locator("tr").nth(run)
+            row.wait_for()
+            return row.locator("td").all_inner_texts()
+
         with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
+            cells = train(1)  # lesson 4: the torch path, fp32
+            assert cells[:6] == ["1", "torch", "fp32", cells[3], "float32", "3"]
+            final = float(kernel_value(client, "panel.results[0].final_loss"))
+            assert cells[6] == f"{final:.4f}"
+            pick("path", "accelerate")  # lesson 5: fp16 on a CPU, ignored by Accelerate
+            pick("precision", "fp16")
+            cells = train(2)
+            assert cells[:6] == ["2", "accelerate", "fp16", cells[3], "float32", "3"]
+            message.filter(has_text="Accelerate ignores fp16 on a CPU").wait_for()
+            assert kernel_value(client, "panel.results[1].audit.mixed") == "False"
+            assert kernel_value(client, "panel.results[1].audit.fallbacks[0].code") == \
+                "'fp16_ignored'"
+            pick("path", "trainer")  # lesson 6: the Trainer hands fp16 to Accelerate
             wait_until(lambda: kernel_value(client, "panel.path.value") == "'trainer'",
                        "the kernel to see the trainer path picked")
-            panel.locator(".mplab-train-button").click()
-            row = table.locator("tr").nth(1)
-            row.wait_for()
-            cells = row.locator("td").all_inner_texts()
-            assert cells[:6] == ["1", "trainer", "fp16", cells[3], "float32", "3"]
-            assert kernel_value(client, "panel.results[0].path") == "'trainer'"
-            assert kernel_value(client, "str(panel.results[0].compute_dtype)") == \
+            cells = train(3)
+            assert cells[:6] == ["3", "trainer", "fp16", cells[3], "float32", "3"]
+            message.filter(has_text="the Trainer (through Accelerate) ignores fp16").wait_for()
+            assert kernel_value(client, "[r.path for r in panel.results]") == \
+                "['torch', 'accelerate', 'trainer']"
+            assert kernel_value(client, "str(panel.results[2].compute_dtype)") == \
                 "'torch.float32'"
-            final = float(kernel_value(client, "panel.results[0].final_loss"))
+            final = float(kernel_value(client, "panel.results[2].final_loss"))
         assert cells[6] == f"{final:.4f}"
-        message = panel.locator(".mplab-train-message")
-        assert "ignores fp16 on a CPU" in message.inner_text()
-        panel.screenshot(path=str(tmp_path / "trainer-panel-lab.png"))
+        panel.screenshot(path=str(tmp_path / "panel-lab.png"))
 
 
 def test_running_a_failure_and_its_fix_in_the_failure_lab_in_jupyterlab(lab, page, tmp_path):

@@ -61,15 +61,19 @@ def processes(words: list[str]) -> int:
 
 
 def one_process_twin(command: str):
-    """The same run in this process, on the same global batch: (TrainResult, processes)."""
+    """The same run in this process, on the same global batch: (TrainResult, processes). It
+    evaluates only where the command writes a record to compare the accuracy with."""
     from mplab.train import TrainConfig, TrainWarning, train
     from mplab.train.__main__ import parser
 
     words = shlex.split(command)
     args = vars(parser().parse_args(words[words.index("mplab.train") + 1:] + ["--steps", "3"]))
-    args.pop("json")
+    json_file = args.pop("json")
     n = processes(words)
-    config = TrainConfig(**args | {"batch_size": args["batch_size"] * n, "progress": False})
+    twin = {"batch_size": args["batch_size"] * n, "progress": False}
+    if not json_file:
+        twin["eval_samples"] = 0
+    config = TrainConfig(**args | twin)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TrainWarning)
         return train(config), n

@@ -8,8 +8,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # these tests never reach for the 
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import warnings  # noqa: E402
 
 import pytest  # noqa: E402
@@ -17,7 +15,6 @@ import torch  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 
 from mplab import models  # noqa: E402
-from mplab.hardware import cpu_features  # noqa: E402
 from mplab.scaler import GradScaler as MplabGradScaler  # noqa: E402
 from mplab.train import (  # noqa: E402
     NonFiniteLossError,
@@ -32,8 +29,6 @@ from mplab.train.watch import StepCounter  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Tiny runs: a few steps of small batches, no evaluation (fp16 on this CPU is slow).
 TINY = {"batch_size": 8, "eval_samples": 0, "progress": False, "device": "cpu"}
-NO_FP16_UNITS = not (cpu_features()["avx512_fp16"] or cpu_features()["amx_fp16"])
-NO_BF16_UNITS = not (cpu_features()["avx512_bf16"] or cpu_features()["amx_bf16"])
 
 
 def quiet_train(**settings) -> TrainResult:
@@ -74,9 +69,29 @@ def test_fp16_with_torch_and_mplab_scalers_gives_identical_losses_and_scales():
     assert torch_run.scales == mplab_run.scales and len(torch_run.scales) == 4
     assert torch_run.skipped_steps == mplab_run.skipped_steps == [2]
     assert torch_run.scales[:2] == [65536.0, 32768.0]  # the default init scale, one backoff
-    if NO_FP16_UNITS:  # the warning names the measured cost
-        assert any("fp16 on this CPU is slow" in w and "x slower" in w
-                   for w in torch_run.warnings)
+    # measured before the run: a warning, with the cost, exactly where fp16 was slow here
+    said = [w for w in torch_run.warnings if "fp16 on this CPU is slow" in w]
+    slow = torch_run.matmul_slowdown
+    assert bool(said) == (slow is not None) and (slow is None or slow >= 1.5)
+    assert all(f"({slow:.0f}x slower)" in w for w in said)
+
+
+@pytest.mark.parametrize("ratio", [1.2, 20.0])
+def test_the_slow_precision_warning_says_why_on_each_kind_of_cpu(machine, monkeypatch, ratio):
+    """The matmul's cost decides whether to warn; the CPU's units decide why it is slow."""
+    from mplab.hardware import MatmulTiming, no_units_reason
+
+    seconds = {"fp32": 1e-3, "fp16": ratio * 1e-3}
+    monkeypatch.setattr(common, "time_matmul", lambda n, p, device, **kw: MatmulTiming(
+        p, n, "cpu", seconds[p], 1, seconds[p]))
+    cost = common.low_precision_cost("fp16", torch.device("cpu"))
+    if ratio < 1.5:
+        assert cost is None
+        return
+    slowdown, said = cost
+    assert slowdown == pytest.approx(ratio) and "(20x slower)" in said
+    why = "torch has no fast kernel" if machine.cpu_fp16 else no_units_reason("fp16")
+    assert why in said
 
 
 def test_bf16_runs_without_a_scaler_and_its_matmuls_really_run_in_bf16():
@@ -233,18 +248,18 @@ def test_the_json_record_has_every_field_and_reads_back(tmp_path):
 
 # ---- the CLI, a saved model, two processes ----------------------------------------------------
 
-def test_cli_trains_a_saved_model_from_a_local_folder_and_writes_json(tmp_path):
+def test_cli_trains_a_saved_model_from_a_local_folder_and_writes_json(tmp_path, capsys):
+    from mplab.train.__main__ import main
+
     folder = tmp_path / "tiny"
     models.lesson_model(seed=1).save_pretrained(folder)
     models.lesson_tokenizer().save_pretrained(folder)
     out = tmp_path / "run.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "mplab.train", "--path", "torch", "--precision", "fp32",
-         "--device", "cpu", "--steps", "3", "--batch-size", "8", "--eval-samples", "50",
-         "--model", str(folder), "--json", str(out), "--no-progress"],
-        capture_output=True, text=True, env=env(), cwd=ROOT, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert "matmuls ran in" in run.stdout and "float32" in run.stdout
+    code = main(["--path", "torch", "--precision", "fp32", "--device", "cpu", "--steps", "3",
+                 "--batch-size", "8", "--eval-samples", "50", "--model", str(folder),
+                 "--json", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0 and "matmuls ran in" in printed and "float32" in printed
     data = json.loads(out.read_text())
     assert data["model"] == str(folder) and len(data["losses"]) == 3
     assert 0 <= data["eval_accuracy"] <= 1
@@ -331,3 +346,16 @@ def test_each_step_is_timed_and_the_steady_time_leaves_out_the_warm_up_step():
     assert result.train_seconds == pytest.approx(sum(result.step_seconds))
     rest = sorted(result.step_seconds[1:])
     assert result.steady_step_seconds == rest[1]
+
+
+def test_the_bench_trains_without_the_watch_so_each_precision_pays_only_its_own_cost():
+    from mplab.bench.sweep import Plan, _train
+
+    on = quiet_train(precision="fp16", steps=2, **TINY)
+    off = quiet_train(precision="fp16", steps=2, watch=False, **TINY)
+    assert len(on.zero_grad_fractions) == 2 and off.zero_grad_fractions == []
+    assert off.losses == on.losses  # the watch only looks
+    bench_run = _train(Plan.preset("cpu", tiny=True), models.lesson_model(hidden_size=64,
+                       num_hidden_layers=1, num_attention_heads=2, intermediate_size=128),
+                       "fp16", 2, 4)
+    assert bench_run.config["watch"] is False and bench_run.zero_grad_fractions == []

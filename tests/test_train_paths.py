@@ -46,7 +46,7 @@ def test_torch_accelerate_and_trainer_train_the_same_40_steps(precision):
     the lesson model. Every path takes the Trainer's two choices (no weight decay for biases
     and norms, its warm-up from lr 0), so the final loss and the mean of the last 10 agree
     within 0.5 % (the Accelerate path's arithmetic is the torch path's, bit for bit)."""
-    settings = {**TINY, "batch_size": 32, "steps": 40, "precision": precision}
+    settings = {**TINY, "batch_size": 16, "steps": 40, "precision": precision}
     runs = {path: quiet_train(path=path, **settings) for path in ("torch", "accelerate",
                                                                   "trainer")}
     torch_run = runs["torch"]
@@ -62,7 +62,7 @@ def test_torch_accelerate_and_trainer_train_the_same_40_steps(precision):
 def test_with_accumulation_and_clipping_the_trainer_takes_the_torch_paths_steps(precision):
     """Accumulated micro-batches and clipped norms too: the Trainer's AdamW, schedule,
     batches, decay groups and loss (a mean over micro-batches) are the torch path's."""
-    settings = {**TINY, "batch_size": 16, "steps": 30, "precision": precision,
+    settings = {**TINY, "batch_size": 16, "steps": 12, "precision": precision,
                 "accumulation_steps": 2, "max_grad_norm": 0.5}
     ours, trainer = quiet_train(path="torch", **settings), quiet_train(path="trainer", **settings)
     assert trainer.losses == pytest.approx(ours.losses, rel=1e-4)
@@ -292,15 +292,17 @@ def launched(command: list[str], out) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.slow  # about 8 s: one launch
-def test_accelerate_launch_cpu_with_two_processes_starts_one(tmp_path):
+@pytest.mark.slow  # about 5 s: accelerate's launcher, and a module that prints one line
+def test_accelerate_launch_cpu_with_two_processes_starts_one():
     """accelerate 1.15 on a CPU: --cpu --num_processes 2 starts a single process (multi-CPU
-    there goes through mpirun); --multi_gpu starts two (the README's line, tested there)."""
+    there goes through mpirun), as the README says; --multi_gpu starts two (the README's
+    line, run in test_readme)."""
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no"]
-    one = launched(launch + ["--cpu", "--num_processes", "2", "-m", "mplab.train", "--path",
-                             "accelerate"], tmp_path / "one.json")
-    assert one["world_size"] == 1 and one["global_batch_size"] == 4
+    done = subprocess.run(launch + ["--cpu", "--num_processes", "2", "-m", "platform"],
+                          capture_output=True, text=True, env=env(), cwd=ROOT, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(done.stdout.strip().splitlines()) == 1  # one process printed its platform
 
 
 @pytest.mark.slow  # about 12 s: two processes import torch, transformers and datasets

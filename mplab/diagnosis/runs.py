@@ -1,153 +1,22 @@
-"""Why did my run break? `mplab.diagnose(result)` names the likely cause and the fix.
-
-    diagnose(train(precision="fp16", steps=50))   # a TrainResult from mplab.train
-    diagnose(recorder.finish())                   # your own loop (mplab.train.Recorder)
-    diagnose("run.json")                          # what `python -m mplab.train --json` wrote
-    diagnose(err)                                 # a NonFiniteLossError: the run it stopped
-
-It reads only the record: the losses, the scale after each step, the steps the optimizer
-skipped, the gradient norms, what the hooks saw (gradient entries that were 0, low-precision
-weights a step left unchanged, the scaler's calls per iteration), the device's units and the
-audit (which dtypes really ran). Each `Finding` says the cause, the evidence in the run's own
-numbers, and the fix. The checks run in order of harm; a run with none is reported healthy.
-
-What other modules tell it comes as codes, never as their sentences: the audit's fallback
-codes (`mplab.audit.FALLBACKS`), `TrainResult.stop_reason`, `TrainResult.path` (`OWN_LOOP`),
-a bench row's `has_units`. Each check declares the causes it can name (`@emits`); `CAUSES`
-is the one list of them, and `mplab.lab` reproduces each one a training run can show.
-"""
+"""The checks of a training record, in order of harm: each reads the run's own numbers and the
+codes other modules recorded (the audit's fallbacks, the stop reason, the path), never their
+words, and declares the causes it can name."""
 
 from __future__ import annotations
 
-import html
-import json
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 
 from mplab.formats import dtype_name
-from mplab.train.common import NonFiniteLossError
 from mplab.train.result import OWN_LOOP, TrainResult
 
-SEVERITIES = ("broken", "warning", "note")
-
-#: Every cause diagnose can name, with a short title.
-CAUSES = {
-    "fp16_overflow": "an fp16 activation overflowed: the loss became inf/NaN",
-    "scaler_bypassed": "optimizer.step() on scaled gradients: scaler.step() never ran",
-    "diverged": "the weights diverged: the loss became inf/NaN",
-    "scale_collapse": "the loss scale collapsed toward 0 (every step skipped)",
-    "extra_update": "GradScaler.update() ran more than once per iteration",
-    "accumulation_scaler": "accumulation: the scaler ran on micro-batches that do not step",
-    "clip_before_unscale": "gradients clipped before scaler.unscale_()",
-    "no_scaler": "fp16 without a GradScaler: gradients underflow to 0",
-    "fp16_ignored": "fp16 was asked for but silently ignored",
-    "autocast_off": "autocast was off, or not around the forward pass: an fp32 run",
-    "no_units": "low precision on a CPU without units for it: slow",
-    "pure_low_precision": "weights stored in low precision: no fp32 master weights",
-    "compensated_weights": "bf16 weights with compensated or stochastic updates",
-    "scaler_with_bf16": "a GradScaler used with bf16 (not needed)",
-    "frequent_skips": "many skipped steps",
-    "scale_calibrating": "skipped steps at the start: the scale calibrating",
-    "stalled": "the loss did not fall",
-    "too_small": "the matrices are too small for low precision to pay",
-    "pays": "low precision pays on this machine",
-}
+from .findings import SEVERITIES, Diagnosis, Finding, emits
 
 
-def emits(*causes: str):
-    """Declare the causes a check can name (keys of CAUSES): the registry's other half."""
-    unknown = [c for c in causes if c not in CAUSES]
-    if unknown:
-        raise ValueError(f"unknown cause(s) {unknown}; CAUSES lists {', '.join(CAUSES)}")
-
-    def declare(check):
-        check.causes = causes
-        return check
-    return declare
-
-
-@dataclass
-class Finding:
-    """One cause: `name` (a key of CAUSES), how bad (`severity`: "broken", "warning" or
-    "note"), what happened (`cause`), the run's numbers that show it, and the `fix`."""
-
-    name: str
-    severity: str
-    cause: str
-    evidence: list[str] = field(default_factory=list)
-    fix: str = ""
-
-    @property
-    def title(self) -> str:
-        return CAUSES[self.name]
-
-
-@dataclass
-class Diagnosis:
-    """What `diagnose` found: `findings` (worst first), `run` (what the run was)."""
-
-    run: str
-    findings: list[Finding]
-
-    @property
-    def names(self) -> list[str]:
-        return [f.name for f in self.findings]
-
-    @property
-    def cause(self) -> str | None:
-        """The name of the worst problem (broken or warning), None for a healthy run."""
-        return next((f.name for f in self.findings if f.severity != "note"), None)
-
-    @property
-    def ok(self) -> bool:
-        return self.cause is None
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.names
-
-    def as_dict(self) -> dict:
-        return {"run": self.run, "cause": self.cause,
-                "findings": [asdict(f) | {"title": f.title} for f in self.findings]}
-
-    def __str__(self) -> str:
-        lines = [f"Diagnosis of {self.run}"]
-        if self.ok:
-            lines.append("  nothing wrong found.")
-        for f in self.findings:
-            lines.append(f"\n[{f.severity}] {f.title}\n  cause: {f.cause}")
-            lines += [f"  - {e}" for e in f.evidence]
-            if f.fix:
-                lines.append(f"  fix: {f.fix}")
-        return "\n".join(lines)
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        colour = {"broken": "#b00020", "warning": "#a65e00", "note": "#555"}
-        parts = [f"<b>Diagnosis of {html.escape(self.run)}</b>"]
-        if self.ok:
-            parts.append("<p>Nothing wrong found.</p>")
-        for f in self.findings:
-            evidence = "".join(f"<li>{html.escape(e)}</li>" for e in f.evidence)
-            parts.append(
-                f"<div style='margin:.5em 0'><b style='color:{colour[f.severity]}'>"
-                f"[{f.severity}] {html.escape(f.title)}</b><br>{html.escape(f.cause)}"
-                f"<ul>{evidence}</ul>" + (f"<i>Fix:</i> {html.escape(f.fix)}" if f.fix else "")
-                + "</div>")
-        return "".join(parts)
-
-
-def diagnose(result) -> Diagnosis:
-    """Diagnose a run: a `TrainResult`, its `as_dict()`, a JSON file of one (a path), or the
-    `NonFiniteLossError` that stopped it. A benchmark record (`python -m mplab.bench --json`,
-    `bench.lesson_bench()`) is read too: will low precision help on that machine, and why not."""
-    result = _load(result)
-    if isinstance(result, dict):
-        return _bench(result)
+def diagnose_run(result: TrainResult) -> Diagnosis:
+    """Every check of a training record, worst first (see mplab.diagnosis)."""
     findings = []
     for check in _CHECKS:
         findings += check(result)
@@ -159,74 +28,6 @@ def diagnose(result) -> Diagnosis:
     run = (f"{result.path} / {result.precision} on {result.device}, {result.model}, "
            f"{steps} step{'s' * (steps != 1)}")
     return Diagnosis(run, findings)
-
-
-# ---- reading the record ---------------------------------------------------------------------
-
-def _load(result) -> TrainResult:
-    if isinstance(result, NonFiniteLossError):
-        return result.result
-    if isinstance(result, TrainResult):
-        return result
-    if isinstance(result, (str, Path)):
-        path = Path(result).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"diagnose({str(result)!r}): no such file; give a "
-                                    "TrainResult or the JSON file `--json` wrote")
-        try:
-            result = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{str(path)!r} is not JSON ({err})") from err
-    if isinstance(result, dict):
-        if "rows" in result and "losses" not in result:
-            if not isinstance(result.get("crossover"), list):
-                raise ValueError("a bench record needs its 'crossover' list, as "
-                                 "`python -m mplab.bench --json` writes it")
-            return result
-        if "losses" not in result:
-            raise ValueError(f"not a training record: no 'losses' among its keys "
-                             f"{sorted(result)[:8]}")
-        return TrainResult.from_dict(result)
-    raise TypeError(f"diagnose() reads a TrainResult, its as_dict(), a JSON file's path or a "
-                    f"NonFiniteLossError; got {type(result).__name__}")
-
-
-@emits("no_units", "too_small", "pays")
-def _bench(record: dict) -> Diagnosis:
-    """Per low precision the benchmark trained: no units (it never pays), too small (it pays
-    from some size up, or at no size measured), or it pays; in the record's own figures."""
-    findings = []
-    for found in record["crossover"]:
-        p = found["precision"]
-        models = [r for r in record["rows"] if r.get("kind") == "model" and r["precision"] == p]
-        speeds = ", ".join(f"{r['workload'].removeprefix('train ')}: "
-                           f"{r['speedup_vs_fp32']:.2f}× fp32" for r in models)
-        evidence = [f"{p} trained {speeds}", found["text"]]
-        if any(r.get("has_units") is False for r in models):
-            findings.append(Finding("no_units", "warning",
-                                    f"this device has no {p} units: {p} never pays here",
-                                    evidence, f"train in fp32 here; {p} pays on hardware with "
-                                    f"{p} units: a GPU, or a CPU with {_CPU_UNITS[p]}"))
-        elif found["workload"] is None:
-            findings.append(Finding("too_small", "warning",
-                                    f"{p} paid at no size measured: the matrices are too small "
-                                    "to keep the units busy", evidence,
-                                    "stay in fp32 for models this size; measure larger ones "
-                                    "(`python -m mplab.bench` without --quick)"))
-        elif models and models[0]["speedup_vs_fp32"] < 1:
-            findings.append(Finding("too_small", "note",
-                                    f"{p} pays from {found['workload'].removeprefix('train ')} "
-                                    "up; below that the matrices are too small", evidence,
-                                    f"use {p} for models that size or larger"))
-        else:
-            findings.append(Finding("pays", "note", f"{p} pays at every size measured",
-                                    evidence, ""))
-    findings.sort(key=lambda f: SEVERITIES.index(f.severity))
-    return Diagnosis(f"mplab.bench record on {record.get('device', '?')}", findings)
-
-
-_CPU_UNITS = {"bf16": "AVX-512-BF16 or AMX", "fp16": "AVX-512-FP16 or AMX-FP16",
-              "tf32": "none: tf32 is a GPU format"}
 
 
 def _finite(values) -> list[float]:
@@ -645,4 +446,3 @@ _CHECKS = (_scaler_bypass, _non_finite, _rising, _scale_collapse, _scaler_calls,
            _clip_before_unscale, _no_scaler, _ignored, _low_weights, _skips, _no_units,
            _bf16_scaler)
 RUN_CHECKS = (*_CHECKS, _stalled)
-BENCH_CHECKS = (_bench,)

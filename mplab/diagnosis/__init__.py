@@ -1,0 +1,72 @@
+"""Why did my run break? `mplab.diagnose(result)` names the likely cause and the fix.
+
+    diagnose(train(precision="fp16", steps=50))   # a TrainResult from mplab.train
+    diagnose(recorder.finish())                   # your own loop (mplab.train.Recorder)
+    diagnose("run.json")                          # what `python -m mplab.train --json` wrote
+    diagnose(err)                                 # a NonFiniteLossError: the run it stopped
+
+It reads only the record: the losses, the scale after each step, the steps the optimizer
+skipped, the gradient norms, what the hooks saw (gradient entries that were 0, low-precision
+weights a step left unchanged, the scaler's calls per iteration), the device's units and the
+audit (which dtypes really ran). Each `Finding` says the cause, the evidence in the run's own
+numbers, and the fix. The checks run in order of harm; a run with none is reported healthy.
+
+What other modules tell it comes as codes, never as their sentences: the audit's fallback
+codes (`mplab.audit.FALLBACKS`), `TrainResult.stop_reason`, `TrainResult.path` (`OWN_LOOP`),
+a bench row's `has_units`. Each check declares the causes it can name (`@emits`); `CAUSES`
+is the one list of them, and `mplab.lab` reproduces each one a training run can show.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mplab.train.common import NonFiniteLossError
+from mplab.train.result import TrainResult
+
+from .benches import BENCH_CHECKS, diagnose_bench
+from .findings import CAUSES, SEVERITIES, Diagnosis, Finding, emits
+from .runs import RUN_CHECKS, diagnose_run
+
+__all__ = ["diagnose", "Diagnosis", "Finding", "CAUSES", "SEVERITIES", "emits", "RUN_CHECKS",
+           "BENCH_CHECKS"]
+
+
+def diagnose(result) -> Diagnosis:
+    """Diagnose a run: a `TrainResult`, its `as_dict()`, a JSON file of one (a path), or the
+    `NonFiniteLossError` that stopped it. A benchmark record (`python -m mplab.bench --json`,
+    `bench.lesson_bench()`) is read too: will low precision help on that machine, and why not."""
+    result = _load(result)
+    return diagnose_bench(result) if isinstance(result, dict) else diagnose_run(result)
+
+
+# ---- reading the record ---------------------------------------------------------------------
+
+def _load(result) -> TrainResult:
+    if isinstance(result, NonFiniteLossError):
+        return result.result
+    if isinstance(result, TrainResult):
+        return result
+    if isinstance(result, (str, Path)):
+        path = Path(result).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"diagnose({str(result)!r}): no such file; give a "
+                                    "TrainResult or the JSON file `--json` wrote")
+        try:
+            result = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{str(path)!r} is not JSON ({err})") from err
+    if isinstance(result, dict):
+        if "rows" in result and "losses" not in result:
+            if not isinstance(result.get("crossover"), list):
+                raise ValueError("a bench record needs its 'crossover' list, as "
+                                 "`python -m mplab.bench --json` writes it")
+            return result
+        if "losses" not in result:
+            raise ValueError(f"not a training record: no 'losses' among its keys "
+                             f"{sorted(result)[:8]}")
+        return TrainResult.from_dict(result)
+    raise TypeError(f"diagnose() reads a TrainResult, its as_dict(), a JSON file's path or a "
+                    f"NonFiniteLossError; got {type(result).__name__}")
+
