@@ -391,9 +391,19 @@ def _quiet_stderr():
 
 def peak_live_bytes(changes) -> int:
     """The highest running total of (time, bytes) allocations (+) and frees (-) in time order.
-    (The profiler reports no free of a tensor allocated before it started.)"""
+
+    Only frees of blocks this profile saw allocated count (matched by size): the profiler
+    also reports frees of blocks allocated under an earlier profiler (another run's), which
+    are not the step's memory; none of a block allocated before any profiler ran."""
     live = peak = 0
+    allocated: dict[int, int] = {}  # size -> blocks of it allocated and not yet freed
     for _, change in sorted(changes, key=lambda pair: pair[0]):
+        if change < 0:
+            if not allocated.get(-change):
+                continue  # not allocated during this profile
+            allocated[-change] -= 1
+        elif change:
+            allocated[change] = allocated.get(change, 0) + 1
         live += change
         peak = max(peak, live)
     return peak
