@@ -4,7 +4,9 @@ in the broken run, and stop naming it after the fix? Prints a table and the time
     python benchmarks/lab_check.py                     # device auto (a GPU if there is one)
     python benchmarks/lab_check.py --device cuda --json lab_cuda.json
 
-Two failures are a CPU's by nature (fp16 ignored, fp16 without units) and always run there.
+Three failures are a CPU's by nature (fp16 ignored, low precision without units, a GPU's
+autocast line in a CPU run) and always run there; one the CPU cannot show (no_units, where it
+has bf16 and fp16 units) is reported as such.
 """
 
 from __future__ import annotations
@@ -32,13 +34,16 @@ def main(argv=None) -> int:
         settings = ({"device": args.device}
                     if "device" in inspect.signature(failure.runner).parameters else {})
         row = {"failure": name}
-        for label, fix in (("broken", None), ("fixed", failure.fixes[0])):
-            started = time.perf_counter()
-            found = diagnose(failure.run(fix, **settings))
-            row[f"{label} s"] = round(time.perf_counter() - started, 2)
-            row[f"{label}: found"] = name in found
-            row[f"{label}: cause"] = found.cause or "-"
-        row["ok"] = row["broken: found"] and not row["fixed: found"]
+        try:
+            for label, fix in (("broken", None), ("fixed", failure.fixes[0])):
+                started = time.perf_counter()
+                found = diagnose(failure.run(fix, **settings))
+                row[f"{label} s"] = round(time.perf_counter() - started, 2)
+                row[f"{label}: found"] = name in found
+                row[f"{label}: cause"] = found.cause or "-"
+            row["ok"] = row["broken: found"] and failure.fixed_in(found)
+        except lab.CannotReproduce as err:  # a failure this machine cannot show
+            row |= {"ok": True, "broken: cause": f"not here: {err}"[:60]}
         rows.append(row)
     table = Table(rows, title=f"mplab.lab on {describe(args.device)}")
     print(table)

@@ -35,6 +35,12 @@ from mplab.hardware import UNITS, has_units, resolve_device
 from mplab.models import lesson_model, lesson_tokenizer
 from mplab.train import NonFiniteLossError, Recorder, TrainResult, TrainWarning, train
 
+
+class CannotReproduce(ValueError):
+    """A failure this machine cannot show (low precision without units, on a CPU that has
+    them): the message says why."""
+
+
 LAB_SHAPE = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
              "intermediate_size": 128}
 BATCH = 16
@@ -277,7 +283,7 @@ def no_units(fix=None, steps=10) -> TrainResult:
     the CPU has no fp16 units (most CPUs), else bf16 where it has none for bf16."""
     missing = next((p for p in ("fp16", "bf16") if not has_units(p)), None)
     if missing is None:
-        raise ValueError("this CPU has bf16 and fp16 units ("
+        raise CannotReproduce("this CPU has bf16 and fp16 units ("
                          + ", ".join(f for p in UNITS for f in UNITS[p])
                          + "), so low precision is never slow for want of them here: no_units "
                          "cannot be reproduced on this machine")
@@ -524,7 +530,7 @@ FAILURES = {f.name: f for f in [
     Failure("pure_low_precision", "the loss falls more slowly than fp32's, or stalls",
             ("fp32_master", "kahan", "stochastic"), pure_bf16,
             (("kahan", "compensated_weights"), ("stochastic", "compensated_weights"))),
-    Failure("frequent_skips", "about every other step is skipped, all run long",
+    Failure("frequent_skips", "about every other step is skipped, all through the run",
             ("default_growth",), frequent_skips, (("default_growth", "scale_calibrating"),)),
     Failure("fp16_ignored", "fp16 trains exactly like fp32", ("supported",), fp16_ignored),
     Failure("autocast_off", "bf16 was asked for, and every matmul ran in fp32",

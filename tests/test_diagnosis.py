@@ -70,7 +70,7 @@ def test_diagnose_names_each_lab_failure_and_not_after_its_fix(name):
 @pytest.mark.parametrize("fix", [None, "fp32"])
 def test_low_precision_without_units_is_reproduced_where_the_cpu_lacks_them(machine, fix):
     if machine.cpu_bf16 and machine.cpu_fp16:
-        with pytest.raises(ValueError, match="cannot be reproduced on this machine"):
+        with pytest.raises(lab.CannotReproduce, match="cannot be reproduced on this machine"):
             lab.run("no_units", fix=fix)
         return
     result = lab.run("no_units", fix=fix)

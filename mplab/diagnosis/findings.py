@@ -12,7 +12,7 @@ SEVERITIES = ("broken", "warning", "note")
 CAUSES = {
     "fp16_overflow": "an fp16 activation overflowed: the loss became inf/NaN",
     "scaler_bypassed": "optimizer.step() on scaled gradients: scaler.step() never ran",
-    "diverged": "the weights diverged: the loss became inf/NaN",
+    "diverged": "the weights diverged: the loss climbed, or became inf/NaN",
     "scale_collapse": "the loss scale collapsed toward 0 (every step skipped)",
     "extra_update": "GradScaler.update() ran more than once per iteration",
     "accumulation_scaler": "accumulation: the scaler ran on micro-batches that do not step",
