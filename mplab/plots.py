@@ -296,7 +296,9 @@ def _scaler_records(history) -> list:
 def loss_curves_plot(results, ax=None, *, smooth: int = 10, pyplot: bool = True) -> Figure:
     """Training losses of several runs side by side (a list or dict of
     ``mplab.train.TrainResult``): each run's per-step loss faint, its running mean over `smooth`
-    steps bold, skipped fp16 steps as crosses. Returns the figure."""
+    steps bold, skipped fp16 steps as crosses. A run shorter than twice `smooth` has no mean
+    worth drawing: its steps are drawn bold, as dots. Each run has its own line style, so a
+    curve lying exactly under another still shows. Returns the figure."""
     runs = dict(results) if isinstance(results, Mapping) else {
         f"{r.precision} on {r.device}": r for r in results}
     if not runs or not all(hasattr(r, "losses") for r in runs.values()):
@@ -308,22 +310,27 @@ def loss_curves_plot(results, ax=None, *, smooth: int = 10, pyplot: bool = True)
         fig.subplots_adjust(left=0.11, right=0.97, bottom=0.16, top=0.88)
     colors = {"fp32": FORMAT_COLORS["fp32"], "fp16": FORMAT_COLORS["fp16"],
               "bf16": FORMAT_COLORS["bf16"]}
+    smoothed = False
     for i, (label, r) in enumerate(runs.items()):
         losses = np.asarray(r.losses, dtype=float)
         color = colors.get(getattr(r, "precision", ""), f"C{i}")
+        style = ("-", "--", ":", "-.")[i % 4]
         if losses.size == 0:
             continue
         steps = np.arange(1, losses.size + 1)
-        ax.plot(steps, losses, color=color, alpha=0.25, lw=0.8)
-        k = max(1, min(smooth, losses.size))
-        mean = np.convolve(losses, np.ones(k) / k, mode="valid")
-        ax.plot(steps[k - 1:], mean, color=color, lw=2, label=label)
+        if smooth > 1 and losses.size >= 2 * smooth:
+            ax.plot(steps, losses, color=color, alpha=0.25, lw=0.8)
+            mean = np.convolve(losses, np.ones(smooth) / smooth, mode="valid")
+            ax.plot(steps[smooth - 1:], mean, color=color, lw=2, ls=style, label=label)
+            smoothed = True
+        else:
+            ax.plot(steps, losses, color=color, lw=2, ls=style, marker="o", ms=4, label=label)
         skipped = [s for s in getattr(r, "skipped_steps", []) if 1 <= s <= losses.size]
         if skipped:
             ax.plot(skipped, losses[np.asarray(skipped) - 1], "x", color="#b00020", ms=6)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss")
-    ax.set_title("Training loss" + (f" (bold: mean of {smooth} steps)" if smooth > 1 else ""),
+    ax.set_title("Training loss" + (f" (bold: mean of {smooth} steps)" if smoothed else ""),
                  fontsize=10)
     ax.grid(True, alpha=0.25)
     if ax.get_legend_handles_labels()[0]:

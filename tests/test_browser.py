@@ -1,8 +1,8 @@
 """The precision explorer in a real headless Chromium: in JupyterLab and as a Voila page.
 
 The JupyterLab tests share one server on a free port with its own runtime and config folders;
-each test opens a notebook of its own and shuts its kernel down afterwards, pass or fail, and
-the server is stopped (its kernels too) after the last. The Voila test starts its own.
+each test opens a notebook of its own and asks for its kernel's shutdown afterwards, pass or
+fail, and the server is stopped (its kernels too) after the last. The Voila test starts its own.
 Debian's Chromium drives it through Playwright; nothing is downloaded and nothing needs the
 network. On a failure a screenshot is saved in the test's tmp_path; a passing test leaves one
 of its widget there too.
@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -134,15 +135,25 @@ def browser():
             b.close()
 
 
-@pytest.fixture
-def page(browser):
+@pytest.fixture(scope="module")
+def context(browser):
+    """One browser context for the module: its cache (JupyterLab's scripts, compiled) spares
+    each test's page loading the app from nothing."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.set_default_timeout(WAIT_S * 1000)
+    try:
+        yield context
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def page(context):
     page = context.new_page()
     try:
         yield page
     finally:
-        context.close()
+        page.close()
 
 
 @contextlib.contextmanager
@@ -190,16 +201,21 @@ def lab_server(tmp_path_factory):
 
 @pytest.fixture
 def lab(lab_server):
-    """The shared JupyterLab, with every kernel the test started shut down after it."""
+    """The shared JupyterLab, with every kernel the test started shut down after it: asked
+    for, not waited on (a shutdown takes the server seconds; stopping it ends any left)."""
     yield lab_server
     base, token, _ = lab_server
     with urllib.request.urlopen(f"{base}/api/sessions?token={token}", timeout=10) as r:
         sessions = json.load(r)
-    for session in sessions:
-        request = urllib.request.Request(f"{base}/api/sessions/{session['id']}?token={token}",
+
+    def delete(session_id: str) -> None:
+        request = urllib.request.Request(f"{base}/api/sessions/{session_id}?token={token}",
                                          method="DELETE")
         with contextlib.suppress(OSError):
             urllib.request.urlopen(request, timeout=30).close()
+
+    for session in sessions:
+        threading.Thread(target=delete, args=(session["id"],), daemon=True).start()
 
 
 def kernel_of(base: str, token: str, notebook: str) -> str:

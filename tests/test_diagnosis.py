@@ -115,6 +115,7 @@ def test_the_t5_like_model_overflows_fp16_exactly_where_torch_casts_to_inf():
 def test_the_overflow_run_stops_at_step_one_and_its_fixes_train():
     broken = lab_run("fp16_overflow")
     assert broken.stopped and not broken.losses
+    assert diagnose(broken).run.endswith(", stopped at step 1")  # not "0 steps"
     for fix in ("bf16", "fp32_island"):
         fixed = lab_run("fp16_overflow", fix)
         assert len(fixed.losses) == 20 and all(map(math.isfinite, fixed.losses))
@@ -156,11 +157,11 @@ def test_the_scaler_calls_are_counted_per_iteration():
 
 @pytest.mark.slow
 def test_pure_bf16_and_its_fixes_side_by_side():
-    table = lab.compare_bf16_fixes(steps=40)
+    table = lab.compare_bf16_fixes(steps=20)  # lesson 7 runs 40; 20 already part them
     rows = {r["fix"]: r for r in table.rows}
     assert rows["fp32_master"]["distance from fp32 master"] == 0
     assert rows["fp32_master"]["weights unchanged per step"] == 0
-    assert rows[None]["weights unchanged per step"] > 0.5  # measured 0.79 at lr 1e-4
+    assert rows[None]["weights unchanged per step"] > 0.5  # measured 0.76 at lr 1e-4
     # Kahan keeps what rounding took; stochastic rounding keeps it on average (noisier)
     distance = {fix: row["distance from fp32 master"] for fix, row in rows.items()}
     assert distance["kahan"] < 0.5 * distance[None]

@@ -25,8 +25,10 @@ def diagnose_run(result: TrainResult) -> Diagnosis:
     order = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])  # stable: the checks' order within a kind
     steps = len(result.losses)
-    run = (f"{result.path} / {result.precision} on {result.device}, {result.model}, "
-           f"{steps} step{'s' * (steps != 1)}")
+    done = f"{steps} step{'s' * (steps != 1)}"
+    if result.stop_reason:  # the step that stopped it recorded no loss
+        done = f"stopped at step {steps + 1}" + (f" after {done}" if steps else "")
+    run = f"{result.path} / {result.precision} on {result.device}, {result.model}, {done}"
     return Diagnosis(run, findings)
 
 

@@ -311,8 +311,9 @@ EXERCISES = {e.id: e for e in [
         prompt="The diff above shows what moving from lesson 5's Accelerate loop to the "
                "Trainer removes (-) and adds (+). The Accelerate loop still writes some parts "
                "of a training step itself (Accelerate does the others inside the prepared "
-               "model and optimizer). Which of those does the Trainer take over? The parts, "
-               "as mplab.train.compare names them:\n\n"
+               "model and optimizer, and still does them under the Trainer). Of the parts the "
+               "Accelerate loop writes itself, which does the Trainer take over? All nine "
+               "parts, as mplab.train.compare names them:\n\n"
                + "\n".join(f"- `{name}`" for name in STEPS)
                + "\n\nAnswer with a list of names, e.g. `[\"backward\"]`. The check compares it "
                "with what `compare` measures in the code that runs.",
