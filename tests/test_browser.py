@@ -1,8 +1,9 @@
-"""The precision explorer in a real headless Chromium: in JupyterLab and as a Voila page.
+"""The lessons' widgets in a real headless Chromium: in JupyterLab and as a Voila page.
 
-The JupyterLab tests share one server on a free port with its own runtime and config folders;
-each test opens a notebook of its own and asks for its kernel's shutdown afterwards, pass or
-fail, and the server is stopped (its kernels too) after the last. The Voila test starts its own.
+The JupyterLab tests share one server on a free port with its own runtime and config folders,
+and one notebook holding every widget they drive, a cell each, opened and run once (a page and
+a kernel each cost seconds to start); each test drives its own widget and reads the kernel.
+The server is stopped (its kernels too) after the last. The Voila test starts its own.
 Debian's Chromium drives it through Playwright; nothing is downloaded and nothing needs the
 network. On a failure a screenshot is saved in the test's tmp_path; a passing test leaves one
 of its widget there too.
@@ -20,7 +21,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -135,25 +135,20 @@ def browser():
             b.close()
 
 
-@pytest.fixture(scope="module")
-def context(browser):
-    """One browser context for the module: its cache (JupyterLab's scripts, compiled) spares
-    each test's page loading the app from nothing."""
+@contextlib.contextmanager
+def new_page(browser):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.set_default_timeout(WAIT_S * 1000)
     try:
-        yield context
+        yield context.new_page()
     finally:
         context.close()
 
 
 @pytest.fixture
-def page(context):
-    page = context.new_page()
-    try:
+def page(browser):
+    with new_page(browser) as page:
         yield page
-    finally:
-        page.close()
 
 
 @contextlib.contextmanager
@@ -199,23 +194,16 @@ def lab_server(tmp_path_factory):
         yield base, token, Path(env["JUPYTER_RUNTIME_DIR"])
 
 
-@pytest.fixture
-def lab(lab_server):
-    """The shared JupyterLab, with every kernel the test started shut down after it: asked
-    for, not waited on (a shutdown takes the server seconds; stopping it ends any left)."""
-    yield lab_server
-    base, token, _ = lab_server
+def shut_down_kernels(lab) -> None:
+    """Ask the server to shut down every kernel it runs."""
+    base, token, _ = lab
     with urllib.request.urlopen(f"{base}/api/sessions?token={token}", timeout=10) as r:
         sessions = json.load(r)
-
-    def delete(session_id: str) -> None:
-        request = urllib.request.Request(f"{base}/api/sessions/{session_id}?token={token}",
+    for session in sessions:
+        request = urllib.request.Request(f"{base}/api/sessions/{session['id']}?token={token}",
                                          method="DELETE")
         with contextlib.suppress(OSError):
             urllib.request.urlopen(request, timeout=30).close()
-
-    for session in sessions:
-        threading.Thread(target=delete, args=(session["id"],), daemon=True).start()
 
 
 def kernel_of(base: str, token: str, notebook: str) -> str:
@@ -255,44 +243,80 @@ def kernel_value(client, expression: str) -> str:
     return "".join(out).strip()
 
 
-def open_and_run(page, lab, notebook: str, source: str | None = None) -> None:
-    """Open a notebook in JupyterLab (first writing one cell of `source` to it, if given) and
-    run all its cells."""
+def open_and_run(page, lab, notebook: str, sources: list[str]) -> None:
+    """Write a notebook of one code cell per source, open it in JupyterLab and run all its
+    cells."""
     import nbformat
 
     base, token, _ = lab
-    if source is not None:
-        nbformat.write(nbformat.v4.new_notebook(
-            cells=[nbformat.v4.new_code_cell(source)],
-            metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                     "language": "python"}}), LAB_ROOTS[base] / notebook)
-    page.goto(f"{base}/lab/tree/{notebook}?reset&token={token}")  # not the last test's tabs
+    nbformat.write(nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(source) for source in sources],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                 "language": "python"}}), LAB_ROOTS[base] / notebook)
+    page.goto(f"{base}/lab/tree/{notebook}?reset&token={token}")
     page.locator(".jp-Notebook .jp-Cell").first.wait_for()
     wait_until(lambda: kernel_of(base, token, notebook), "the notebook's kernel")
     page.locator(".lm-MenuBar-itemLabel").filter(has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel").filter(has_text=re.compile(r"^Run All Cells$")).click()
 
 
-def test_clicking_a_bit_in_jupyterlab_changes_the_kernels_value(lab, page, tmp_path):
-    """Lesson 1's explorer, as its cell makes it, in a notebook of its own."""
-    base, token, runtime_dir = lab
-    notebook = "explorer.ipynb"
+#: The widgets the JupyterLab tests drive, a cell each of one notebook, made as the lessons'
+#: cells make them (smaller where a lesson's run would only add time).
+WIDGET_CELLS = [
+    # lesson 1's precision explorer
+    "from mplab.widgets.lesson1 import precision_explorer\n"
+    "explorer = precision_explorer(0.1)\nexplorer",
+    # lesson 2's loss-scale explorer, over a step of the lesson model as initialised (the
+    # lesson's trains it first, which the slider does not need)
+    "from mplab import lessons\nfrom mplab.widgets.lesson2 import loss_scale_explorer\n"
+    "cap = lessons.lesson_capture(steps=0)\nscale_explorer = loss_scale_explorer(cap)\n"
+    "scale_explorer",
+    # lesson 3's GradScaler stepper (the lesson's fp16 run would only add minutes)
+    "from mplab.widgets.lesson3 import scaler_stepper\n"
+    "stepper = scaler_stepper(growth_interval=2)\nstepper",
+    # lessons 4 to 6's training panel
+    "from mplab.widgets.lesson4 import training_panel\n"
+    "panel = training_panel(steps=3, precision='fp32', device='cpu', batch_size=8, "
+    "eval_samples=16)\npanel",
+    # lesson 7's failure lab
+    "from mplab.widgets.lesson7 import failure_lab\n"
+    "lab_panel = failure_lab('no_scaler', steps=10)\nlab_panel",
+]
+
+
+@pytest.fixture(scope="module")
+def workbook(lab_server, browser):
+    """(page, kernel client): one notebook of every widget the JupyterLab tests drive, opened
+    and run once in one page and one kernel, each of which costs seconds to start. Each test
+    drives its own widget, and asks the kernel (its requests queue behind the cells still
+    running, so an answer also means those have finished)."""
+    base, token, runtime_dir = lab_server
+    notebook = "widgets.ipynb"
+    with new_page(browser) as page:
+        try:
+            open_and_run(page, lab_server, notebook, WIDGET_CELLS)
+            with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
+                yield page, client
+        finally:
+            shut_down_kernels(lab_server)
+
+
+def test_clicking_a_bit_in_jupyterlab_changes_the_kernels_value(workbook, tmp_path):
+    """Lesson 1's explorer: a click on a bit changes the value the kernel holds."""
+    page, client = workbook
     with screenshot_on_failure(page, tmp_path / "failure.png"):
-        open_and_run(page, lab, notebook, "from mplab.widgets.lesson1 import precision_explorer"
-                                          "\nexplorer = precision_explorer(0.1)\nexplorer")
         button = bit_button(page)
         button.wait_for(state="visible")
-        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
-            before = float(kernel_value(client, "explorer.value"))  # every cell has run
-            expected = flipped(before)
-            assert expected != before
-            button.scroll_into_view_if_needed()
-            button.click()
-            fmt = FLIP[0]
-            page.locator(f".mplab-value-{fmt}").filter(has_text=f"= {expected!r}").wait_for()
-            assert float(kernel_value(client, "explorer.value")) == expected
-            assert kernel_value(client, f"explorer.rows[{fmt!r}].bits") == repr(
-                F.to_bits(expected, fmt))
+        before = float(kernel_value(client, "explorer.value"))
+        expected = flipped(before)
+        assert expected != before
+        button.scroll_into_view_if_needed()
+        button.click()
+        fmt = FLIP[0]
+        page.locator(f".mplab-value-{fmt}").filter(has_text=f"= {expected!r}").wait_for()
+        assert float(kernel_value(client, "explorer.value")) == expected
+        assert kernel_value(client, f"explorer.rows[{fmt!r}].bits") == repr(
+            F.to_bits(expected, fmt))
         page.locator(".mplab-explorer").screenshot(path=str(tmp_path / "explorer-lab.png"))
 
 
@@ -326,46 +350,36 @@ def test_clicking_a_bit_on_the_voila_page_shows_the_new_value(voila, page, tmp_p
 
 
 @pytest.mark.timeout(600)
-def test_moving_the_loss_scale_slider_in_jupyterlab_redraws_the_table(lab, page, tmp_path):
-    """Lesson 2's loss-scale explorer in a notebook of its own, over a step of the lesson
-    model as initialised (the lesson's trains it first, which the slider does not need)."""
-    base, token, runtime_dir = lab
-    notebook = "loss_scale.ipynb"
+def test_moving_the_loss_scale_slider_in_jupyterlab_redraws_the_table(workbook, tmp_path):
+    """Lesson 2's loss-scale explorer: three steps of the slider by keyboard, and the table the
+    page shows is the one the kernel computed for 2^3."""
+    page, client = workbook
     with screenshot_on_failure(page, tmp_path / "failure.png"):
-        open_and_run(page, lab, notebook, "from mplab import lessons\n"
-                                          "from mplab.widgets.lesson2 import loss_scale_explorer\n"
-                                          "cap = lessons.lesson_capture(steps=0)\n"
-                                          "explorer = loss_scale_explorer(cap)\nexplorer")
         explorer = page.locator(".mplab-loss-scale")
         summary = explorer.locator(".mplab-scale-summary")
         summary.filter(has_text="At scale 2^0 ").wait_for(timeout=4 * WAIT_S * 1000)
         table = explorer.locator(".mplab-scale-table")
         before = table.inner_text()
-        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
-            assert kernel_value(client, "explorer.log2_scale") == "0"
-            handle = explorer.locator(".mplab-scale-slider .noUi-handle")
-            handle.scroll_into_view_if_needed()
-            handle.focus()
-            for _ in range(3):  # the keyboard moves the slider a step at a time
-                page.keyboard.press("ArrowRight")
-            summary.filter(has_text="At scale 2^3 ").wait_for()
-            assert kernel_value(client, "explorer.log2_scale") == "3"
-            wait_until(lambda: table.inner_text() != before, "the table to change")
-            # what the page shows is what the kernel computed for 2^3
-            shown = kernel_value(client,
-                                 "__import__('re').sub('<.*?>', '', explorer.summary.value)")
-            assert " ".join(summary.inner_text().split()) == " ".join(eval(shown).split())
+        assert kernel_value(client, "scale_explorer.log2_scale") == "0"
+        handle = explorer.locator(".mplab-scale-slider .noUi-handle")
+        handle.scroll_into_view_if_needed()
+        handle.focus()
+        for _ in range(3):  # the keyboard moves the slider a step at a time
+            page.keyboard.press("ArrowRight")
+        summary.filter(has_text="At scale 2^3 ").wait_for()
+        assert kernel_value(client, "scale_explorer.log2_scale") == "3"
+        wait_until(lambda: table.inner_text() != before, "the table to change")
+        shown = kernel_value(client,
+                             "__import__('re').sub('<.*?>', '', scale_explorer.summary.value)")
+        assert " ".join(summary.inner_text().split()) == " ".join(eval(shown).split())
         explorer.screenshot(path=str(tmp_path / "loss-scale-lab.png"))
 
 
-def test_stepping_the_gradscaler_in_jupyterlab(lab, page, tmp_path):
-    """Lesson 3's stepper in a notebook of its own (the lesson's fp16 run would only add
-    minutes): click "next step" and "inject inf", and read the scaler in the kernel."""
-    base, token, runtime_dir = lab
-    notebook = "stepper.ipynb"
+def test_stepping_the_gradscaler_in_jupyterlab(workbook, tmp_path):
+    """Lesson 3's stepper: click "next step" and "inject inf", and read the scaler in the
+    kernel."""
+    page, client = workbook
     with screenshot_on_failure(page, tmp_path / "failure.png"):
-        open_and_run(page, lab, notebook, "from mplab.widgets.lesson3 import scaler_stepper\n"
-                                          "stepper = scaler_stepper(growth_interval=2)\nstepper")
         stepper = page.locator(".mplab-scaler-stepper")
         status = stepper.locator(".mplab-scaler-status")
         status.filter(has_text="After 0 iterations").wait_for()
@@ -377,25 +391,19 @@ def test_stepping_the_gradscaler_in_jupyterlab(lab, page, tmp_path):
         assert "✓ torch.amp.GradScaler" in stepper.locator(".mplab-scaler-agreement").inner_text()
         rows = stepper.locator(".mplab-scaler-table tr")
         assert "skipped" in rows.nth(3).inner_text()
-        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
-            assert kernel_value(client, "[r.found_inf for r in stepper.scaler.history]") == \
-                "[False, False, True]"
-            assert kernel_value(client, "stepper.scaler.get_scale()") == "65536.0"
+        assert kernel_value(client, "[r.found_inf for r in stepper.scaler.history]") == \
+            "[False, False, True]"
+        assert kernel_value(client, "stepper.scaler.get_scale()") == "65536.0"
         stepper.screenshot(path=str(tmp_path / "stepper-lab.png"))
 
 
-def test_training_on_each_path_from_the_panel_in_jupyterlab(lab, page, tmp_path):
+def test_training_on_each_path_from_the_panel_in_jupyterlab(workbook, tmp_path):
     """Lessons 4 to 6's panel, one path after another in the same panel: a short fp32 run on
     the torch path (lesson 4); fp16 on the Accelerate path (lesson 5), whose row shows float32
     matmuls and whose message says Accelerate ignored fp16; fp16 through the Trainer (lesson
     6), the same. Each row is the run the kernel holds, with its audit."""
-    base, token, runtime_dir = lab
-    notebook = "panel.ipynb"
+    page, client = workbook
     with screenshot_on_failure(page, tmp_path / "failure.png"):
-        open_and_run(page, lab, notebook,
-                     "from mplab.widgets.lesson4 import training_panel\n"
-                     "panel = training_panel(steps=3, precision='fp32', device='cpu', "
-                     "batch_size=8, eval_samples=16)\npanel")
         panel = page.locator(".mplab-training-panel")
         table = panel.locator(".mplab-train-table")
         message = panel.locator(".mplab-train-message")
@@ -413,44 +421,39 @@ def test_training_on_each_path_from_the_panel_in_jupyterlab(lab, page, tmp_path)
             row.wait_for()
             return row.locator("td").all_inner_texts()
 
-        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
-            cells = train(1)  # lesson 4: the torch path, fp32
-            assert cells[:6] == ["1", "torch", "fp32", cells[3], "float32", "3"]
-            final = float(kernel_value(client, "panel.results[0].final_loss"))
-            assert cells[6] == f"{final:.4f}"
-            pick("path", "accelerate")  # lesson 5: fp16 on a CPU, ignored by Accelerate
-            pick("precision", "fp16")
-            cells = train(2)
-            assert cells[:6] == ["2", "accelerate", "fp16", cells[3], "float32", "3"]
-            message.filter(has_text="Accelerate ignores fp16 on a CPU").wait_for()
-            assert kernel_value(client, "panel.results[1].audit.mixed") == "False"
-            assert kernel_value(client, "panel.results[1].audit.fallbacks[0].code") == \
-                "'fp16_ignored'"
-            pick("path", "trainer")  # lesson 6: the Trainer hands fp16 to Accelerate
-            wait_until(lambda: kernel_value(client, "panel.path.value") == "'trainer'",
-                       "the kernel to see the trainer path picked")
-            cells = train(3)
-            assert cells[:6] == ["3", "trainer", "fp16", cells[3], "float32", "3"]
-            message.filter(has_text="the Trainer (through Accelerate) ignores fp16").wait_for()
-            assert kernel_value(client, "[r.path for r in panel.results]") == \
-                "['torch', 'accelerate', 'trainer']"
-            assert kernel_value(client, "str(panel.results[2].compute_dtype)") == \
-                "'torch.float32'"
-            final = float(kernel_value(client, "panel.results[2].final_loss"))
+        cells = train(1)  # lesson 4: the torch path, fp32
+        assert cells[:6] == ["1", "torch", "fp32", cells[3], "float32", "3"]
+        final = float(kernel_value(client, "panel.results[0].final_loss"))
+        assert cells[6] == f"{final:.4f}"
+        pick("path", "accelerate")  # lesson 5: fp16 on a CPU, ignored by Accelerate
+        pick("precision", "fp16")
+        cells = train(2)
+        assert cells[:6] == ["2", "accelerate", "fp16", cells[3], "float32", "3"]
+        message.filter(has_text="Accelerate ignores fp16 on a CPU").wait_for()
+        assert kernel_value(client, "panel.results[1].audit.mixed") == "False"
+        assert kernel_value(client, "panel.results[1].audit.fallbacks[0].code") == \
+            "'fp16_ignored'"
+        pick("path", "trainer")  # lesson 6: the Trainer hands fp16 to Accelerate
+        wait_until(lambda: kernel_value(client, "panel.path.value") == "'trainer'",
+                   "the kernel to see the trainer path picked")
+        cells = train(3)
+        assert cells[:6] == ["3", "trainer", "fp16", cells[3], "float32", "3"]
+        message.filter(has_text="the Trainer (through Accelerate) ignores fp16").wait_for()
+        assert kernel_value(client, "[r.path for r in panel.results]") == \
+            "['torch', 'accelerate', 'trainer']"
+        assert kernel_value(client, "str(panel.results[2].compute_dtype)") == \
+            "'torch.float32'"
+        final = float(kernel_value(client, "panel.results[2].final_loss"))
         assert cells[6] == f"{final:.4f}"
         panel.screenshot(path=str(tmp_path / "panel-lab.png"))
 
 
-def test_running_a_failure_and_its_fix_in_the_failure_lab_in_jupyterlab(lab, page, tmp_path):
+def test_running_a_failure_and_its_fix_in_the_failure_lab_in_jupyterlab(workbook, tmp_path):
     """Lesson 7's failure lab: press "run it" for fp16 without a GradScaler, read diagnose
     naming it on the page, press "apply the fix and run again", and read the verdict "fixed",
     the same verdict the kernel computed from the fixed run's diagnosis."""
-    base, token, runtime_dir = lab
-    notebook = "failure_lab.ipynb"
+    page, client = workbook
     with screenshot_on_failure(page, tmp_path / "failure.png"):
-        open_and_run(page, lab, notebook,
-                     "from mplab.widgets.lesson7 import failure_lab\n"
-                     "panel = failure_lab('no_scaler', steps=10)\npanel")
         panel = page.locator(".mplab-failure-lab")
         broken = panel.locator(".mplab-lab-diagnosis-broken")
         broken.filter(has_text="press “run it”").wait_for()
@@ -461,13 +464,11 @@ def test_running_a_failure_and_its_fix_in_the_failure_lab_in_jupyterlab(lab, pag
         panel.locator(".mplab-lab-fix-button").click()
         verdict.filter(has_text="fixed: diagnose no longer finds fp16 without a GradScaler") \
             .wait_for()
-        with kernel_client(kernel_of(base, token, notebook), runtime_dir) as client:
-            assert kernel_value(client, "'no_scaler' in panel.diagnoses['broken']") == "True"
-            assert kernel_value(client, "'no_scaler' in panel.diagnoses['fixed']") == "False"
-            assert kernel_value(client, "[r['fix'] for r in panel.rows]") == \
-                "['none (broken)', 'scaler']"
-            said = kernel_value(client,
-                                "__import__('re').sub('<.*?>', '', panel.verdict.value)")
+        assert kernel_value(client, "'no_scaler' in lab_panel.diagnoses['broken']") == "True"
+        assert kernel_value(client, "'no_scaler' in lab_panel.diagnoses['fixed']") == "False"
+        assert kernel_value(client, "[r['fix'] for r in lab_panel.rows]") == \
+            "['none (broken)', 'scaler']"
+        said = kernel_value(client, "__import__('re').sub('<.*?>', '', lab_panel.verdict.value)")
         assert verdict.inner_text() == eval(said)
         assert panel.locator(".mplab-lab-run-button").is_enabled()
         panel.screenshot(path=str(tmp_path / "failure-lab-lab.png"))
