@@ -58,6 +58,7 @@ def starters_then_key(path: Path):
         if xid:
             key = copy.deepcopy(cell)
             key.source = lesson.EXERCISES[xid].solution_code
+            key.id = f"{cell.id}-key"  # cell ids are unique in a notebook
             cells.append(key)
         elif cell.cell_type == "code":
             read = {n.id for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.Name)}
