@@ -70,6 +70,27 @@ class Fallback:
         return self.text
 
 
+#: How this module's own sentences began in records written before fallbacks had codes
+#: (mplab.train --json files of older runs), so those records still load with their codes.
+_BEFORE_CODES = (("fp16 was asked for, but", "fp16_ignored"),
+                 ("autocast is off:", "autocast_off"),
+                 ("the weights are ", "low_precision_weights"),
+                 ("the optimizer's states are", "low_precision_states"),
+                 ("a GradScaler is used with bf16", "scaler_with_bf16"),
+                 ("", "autocast_inactive"))  # "<precision> was asked for, but the matmuls ..."
+
+
+def _read_fallback(found) -> Fallback:
+    """A fallback as a record holds it: {"code", "text"}, or an older record's sentence."""
+    if isinstance(found, dict):
+        return Fallback(**found)
+    if isinstance(found, str):
+        for start, code in _BEFORE_CODES:
+            if found.startswith(start) and (start or "was asked for, but the matmuls" in found):
+                return Fallback(code, found)
+    raise ValueError(f"an audit's fallback is {{'code': ..., 'text': ...}}; got {found!r:.80}")
+
+
 class Observer:
     """What a model really does while it trains, seen by hooks at almost no cost: the dtype its
     matmuls run in and its output's dtype (first forward pass), and its gradients' dtype (at
@@ -171,7 +192,7 @@ class Audit:
     @classmethod
     def from_dict(cls, data: dict) -> Audit:
         data = {k: v for k, v in data.items() if k not in ("mixed", "verdict")}
-        data["fallbacks"] = [Fallback(**f) for f in data.get("fallbacks", [])]
+        data["fallbacks"] = [_read_fallback(f) for f in data.get("fallbacks", [])]
         for key in DTYPE_FIELDS:
             data[key] = dtype_from_name(data.get(key))
         if data.get("autocast"):

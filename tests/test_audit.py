@@ -8,6 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # these tests never reach for the 
 
 import json  # noqa: E402
 import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -229,6 +230,21 @@ def test_fallbacks_are_codes_with_words_and_survive_json(batch):
         Fallback("weights_low", "...")
     with pytest.raises(ValueError, match="unknown fallback code 'bf16'"):
         report.has("bf16")
+
+
+def test_a_record_written_before_fallbacks_had_codes_reads_back_with_them():
+    """audits_before_codes.json: audits as mplab wrote them before codes (b18c7b7), each
+    fallback a sentence; they load with the code of each sentence, its words kept."""
+    from mplab.audit import Fallback
+
+    records = json.loads((Path(__file__).parent / "audits_before_codes.json").read_text())
+    codes = [[f.code for f in Audit.from_dict(r).fallbacks] for r in records]
+    assert codes == [["low_precision_weights", "low_precision_states", "scaler_with_bf16"],
+                     ["fp16_ignored"], ["autocast_off"], ["autocast_inactive"]]
+    assert Audit.from_dict(records[1]).fallbacks[0] == Fallback("fp16_ignored",
+                                                                records[1]["fallbacks"][0])
+    with pytest.raises(ValueError, match="an audit's fallback is .*got 'something else'"):
+        Audit.from_dict(records[1] | {"fallbacks": ["something else"]})
 
 
 def test_autocast_on_a_device_the_model_is_not_on_is_named(batch):
