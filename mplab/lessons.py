@@ -59,7 +59,7 @@ def lesson_capture(steps: int = 150, batch_size: int = 32, seed: int = 0) -> Cap
 def lesson_trace() -> Trace:
     """Lesson 4's trace: the lesson model (as initialised) under bf16 autocast on the CPU, one
     forward and backward pass on :func:`lesson_batch` of 4 reviews; cached, so the notebook and
-    exercise 4.4 read the same one."""
+    exercise 4.1 read the same one."""
     return trace(lesson_model(), lesson_batch(4), precision="bf16", device="cpu")
 
 

@@ -73,6 +73,15 @@ def test_each_exercise_cell_holds_its_starter(xid):
 
 
 @pytest.mark.parametrize("path", WITH_EXERCISES, ids=lambda p: p.name)
+def test_a_notebooks_exercises_are_numbered_in_the_order_a_learner_meets_them(path):
+    met = [xid for _, xid in tagged(path)]
+    number = [tuple(int(n) for n in xid.split(".")) for xid in met]
+    assert number == sorted(number), f"{path.name} shows its exercises as {met}"
+    lesson = lesson_of(met[0])
+    assert list(lesson.EXERCISES) == met, "the grader's report lists them in the same order"
+
+
+@pytest.mark.parametrize("path", WITH_EXERCISES, ids=lambda p: p.name)
 def test_a_notebooks_exercise_cells_all_belong_to_the_lesson_it_imports(path):
     code = "\n".join(c.source for c in read(path).cells if c.cell_type == "code")
     imported = set(IMPORT.findall(code))

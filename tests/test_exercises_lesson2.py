@@ -52,32 +52,32 @@ def test_2_2_reference_is_the_largest_power_of_two_torch_casts_without_inf(cap):
     failed_saying(ex.check("2.2", 65504 / g.abs().max().item()), "power of two")
 
 
-# --- 2.3 ----------------------------------------------------------------------------------------
-
-def test_2_3_reference_agrees_with_torch_and_has_both_answers():
-    for w, u, precision in ex.CASES_2_3:
-        stored = torch.tensor(w, dtype=dtype_of(precision))
-        assert ex.is_swamped(w, u, precision) == bool(stored + u == stored), (w, u, precision)
-    assert {ex.is_swamped(*c) for c in ex.CASES_2_3} == {True, False}
-
-
-def test_2_3_feedback_names_the_wrong_cases_and_the_spacing():
-    right = {c: ex.is_swamped(*c) for c in ex.CASES_2_3}
-    assert ex.check("2.3", right).passed
-    flipped = dict(right)
-    case = ex.CASES_2_3[3]  # 2048 + 1 in fp16: a tie, rounded to even
-    flipped[case] = not flipped[case]
-    message = failed_saying(ex.check("2.3", flipped), "1 of 6", "half that spacing", "tie")
-    assert repr(case) in message and repr(ex.CASES_2_3[0]) not in message
-    failed_saying(ex.check("2.3", {**right, case: "yes"}), "not true or false")
-    failed_saying(ex.check("2.3", {c: right[c] for c in ex.CASES_2_3[:2]}), "missing")
-    assert ex.check("2.3", [True] * 6).status == "failed"
-    assert ex.check("2.3", {c: ... for c in ex.CASES_2_3}).status == "not attempted"
-
-
 # --- 2.4 ----------------------------------------------------------------------------------------
 
-def test_2_4_reference_is_the_layer_torch_flushes_most(cap):
+def test_2_4_reference_agrees_with_torch_and_has_both_answers():
+    for w, u, precision in ex.CASES_2_4:
+        stored = torch.tensor(w, dtype=dtype_of(precision))
+        assert ex.is_swamped(w, u, precision) == bool(stored + u == stored), (w, u, precision)
+    assert {ex.is_swamped(*c) for c in ex.CASES_2_4} == {True, False}
+
+
+def test_2_4_feedback_names_the_wrong_cases_and_the_spacing():
+    right = {c: ex.is_swamped(*c) for c in ex.CASES_2_4}
+    assert ex.check("2.4", right).passed
+    flipped = dict(right)
+    case = ex.CASES_2_4[3]  # 2048 + 1 in fp16: a tie, rounded to even
+    flipped[case] = not flipped[case]
+    message = failed_saying(ex.check("2.4", flipped), "1 of 6", "half that spacing", "tie")
+    assert repr(case) in message and repr(ex.CASES_2_4[0]) not in message
+    failed_saying(ex.check("2.4", {**right, case: "yes"}), "not true or false")
+    failed_saying(ex.check("2.4", {c: right[c] for c in ex.CASES_2_4[:2]}), "missing")
+    assert ex.check("2.4", [True] * 6).status == "failed"
+    assert ex.check("2.4", {c: ... for c in ex.CASES_2_4}).status == "not attempted"
+
+
+# --- 2.3 ----------------------------------------------------------------------------------------
+
+def test_2_3_reference_is_the_layer_torch_flushes_most(cap):
     def lost_share(t):
         x = t.float()
         alive = x != 0
@@ -86,12 +86,12 @@ def test_2_4_reference_is_the_layer_torch_flushes_most(cap):
     shares = {n: lost_share(t) for n, t in cap.activation_grads.items()}
     best = max(shares, key=shares.get)
     assert ex.worst_layer() == best
-    assert ex.check("2.4", best).passed
-    assert ex.check("2.4", f"  {best} ").passed
+    assert ex.check("2.3", best).passed
+    assert ex.check("2.3", f"  {best} ").passed
     other = min(shares, key=shares.get)
-    failed_saying(ex.check("2.4", other), "larger share")
-    failed_saying(ex.check("2.4", "layer.99"), "not one of the captured layers")
-    assert ex.check("2.4", 3).status == "failed"
+    failed_saying(ex.check("2.3", other), "larger share")
+    failed_saying(ex.check("2.3", "layer.99"), "not one of the captured layers")
+    assert ex.check("2.3", 3).status == "failed"
 
 
 # --- 2.5 ----------------------------------------------------------------------------------------

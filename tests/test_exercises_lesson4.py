@@ -19,45 +19,47 @@ def test_there_are_four_exercises_worth_four_points():
     assert sum(e.points for e in ex.EXERCISES.values()) == 4
 
 
-def test_4_1_task_lists_each_call_with_its_name():
-    lines = ex.EXERCISES["4.1"].prompt.splitlines()
+def test_4_2_task_lists_each_call_with_its_name():
+    lines = ex.EXERCISES["4.2"].prompt.splitlines()
     assert all(f"- `{name}`: `{code}`" in lines for name, code in ex.CALLS.items())
 
 
-def test_4_2_task_shows_the_fp32_step_to_convert_as_python():
-    assert f"```python\n{ex.FP32_STEP}\n```" in ex.EXERCISES["4.2"].prompt
+def test_4_3_task_shows_the_fp32_step_to_convert_as_python():
+    assert f"```python\n{ex.FP32_STEP}\n```" in ex.EXERCISES["4.3"].prompt
 
 
-@pytest.mark.parametrize("xid, choices", [("4.3", ex.CHOICES_4_3), ("4.4", ex.REASONS_4_4)])
-def test_4_3_and_4_4_tasks_list_every_choice_on_its_own_line(xid, choices):
+@pytest.mark.parametrize("xid, choices", [("4.4", ex.CHOICES_4_4), ("4.1", ex.REASONS_4_1)])
+def test_4_4_and_4_1_tasks_list_every_choice_on_its_own_line(xid, choices):
     lines = ex.EXERCISES[xid].prompt.splitlines()
     assert all(f"- ({k}) {v}" in lines for k, v in choices.items())
 
 
-def test_4_1_every_order_passes_exactly_when_it_trains_like_the_course_loop():
-    reference = ex.run_order(list(ex.RIGHT_4_1[0]))
+def test_4_2_every_order_passes_exactly_when_it_trains_like_the_course_loop():
+    reference = ex.run_order(list(ex.RIGHT_4_2[0]))
     for order in itertools.permutations(ex.CALLS):
-        if list(order) == ex.SHUFFLED_4_1:
+        if list(order) == ex.SHUFFLED_4_2:
             continue  # the starter: not attempted
-        result = ex.check("4.1", list(order))
+        result = ex.check("4.2", list(order))
         try:
             same = all(torch.equal(a, b) for a, b in zip(ex.run_order(list(order)), reference))
         except Exception as e:
             same = False
             assert type(e).__name__ in result.message, (order, result.message)
         assert result.passed == same, (order, result.message)
-    assert ex.check("4.1", ex.SHUFFLED_4_1).status == "not attempted"
-    failed_saying(ex.check("4.1", ["forward", "backward", "zero_grad", "step", "update"]),
+    untouched = ex.check("4.2", ex.SHUFFLED_4_2)
+    assert untouched.status == "not attempted"
+    assert "..." not in untouched.message and "change `answer`" in untouched.message  # no ... there
+    failed_saying(ex.check("4.2", ["forward", "backward", "zero_grad", "step", "update"]),
                   "cleared between backward() and step()")
-    failed_saying(ex.check("4.1", ["forward", "backward", "step"]), "exactly once")
-    failed_saying(ex.check("4.1", ["fwd", "backward", "step", "update", "zero_grad"]),
+    failed_saying(ex.check("4.2", ["forward", "backward", "step"]), "exactly once")
+    failed_saying(ex.check("4.2", ["fwd", "backward", "step", "update", "zero_grad"]),
                   "not call names")
-    assert ex.check("4.1", "forward backward").status == "failed"
+    assert ex.check("4.2", "forward backward").status == "failed"
 
 
-def test_4_2_feedback_names_what_is_missing():
+def test_4_3_feedback_names_what_is_missing():
     _, ns = run_cell(f"{ex.FP32_STEP}\n0", ex=ex)
-    failed_saying(ex.check("4.2", ns["train_step"]), "never used")
+    failed_saying(ex.check("4.3", ns["train_step"]), "never used")
 
     def no_scaler(model, optimizer, scaler, x, y):
         with torch.autocast("cpu", dtype=torch.float16):
@@ -66,7 +68,7 @@ def test_4_2_feedback_names_what_is_missing():
         optimizer.step()
         optimizer.zero_grad()
 
-    failed_saying(ex.check("4.2", no_scaler), "not scaled")
+    failed_saying(ex.check("4.3", no_scaler), "not scaled")
 
     def no_autocast(model, optimizer, scaler, x, y):
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -75,11 +77,11 @@ def test_4_2_feedback_names_what_is_missing():
         scaler.update()
         optimizer.zero_grad()
 
-    failed_saying(ex.check("4.2", no_autocast), "still runs in fp32")
-    assert ex.check("4.2", lambda *a: 1 / 0).status == "error"
+    failed_saying(ex.check("4.3", no_autocast), "still runs in fp32")
+    assert ex.check("4.3", lambda *a: 1 / 0).status == "error"
 
 
-def test_4_2_the_reference_step_really_runs_the_linear_in_fp16():
+def test_4_3_the_reference_step_really_runs_the_linear_in_fp16():
     model, optimizer, x, y = ex._tiny()
     seen = []
     model.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
@@ -87,26 +89,26 @@ def test_4_2_the_reference_step_really_runs_the_linear_in_fp16():
     assert seen == [torch.float16]
 
 
-def test_4_3_wrong_choices_explain_themselves():
-    assert ex.check("4.3", "B").passed
+def test_4_4_wrong_choices_explain_themselves():
+    assert ex.check("4.4", "B").passed
     for letter in "acd":
-        assert ex.check("4.3", letter).status == "failed"
-    assert "one letter" in ex.check("4.3", "z").message
+        assert ex.check("4.4", letter).status == "failed"
+    assert "one letter" in ex.check("4.4", "z").message
 
 
-def test_4_4_answers_follow_the_trace():
+def test_4_1_answers_follow_the_trace():
     t = lesson_trace()
     forced = {r.op for r in t.records if r.kind == FP32_AUTOCAST}
     assert forced == t.fp32_ops and forced  # the loss's ops, on this torch
     for op in forced:
-        assert ex.check("4.4", {"forced": op, "layer_norm": "b"}).passed
-        assert ex.check("4.4", {"forced": op.removeprefix("aten::"), "layer_norm": "b"}).passed
+        assert ex.check("4.1", {"forced": op, "layer_norm": "b"}).passed
+        assert ex.check("4.1", {"forced": op.removeprefix("aten::"), "layer_norm": "b"}).passed
     norm = [r for r in t.select("forward") if r.op == "aten::native_layer_norm"]
     assert norm and all(r.inputs[0] == torch.float32 and r.kind != FP32_AUTOCAST for r in norm)
-    failed_saying(ex.check("4.4", {"forced": "aten::addmm", "layer_norm": "b"}), "ran in bf16")
-    failed_saying(ex.check("4.4", {"forced": "aten::add", "layer_norm": "b"}), "promotion")
-    failed_saying(ex.check("4.4", {"forced": next(iter(forced)), "layer_norm": "a"}),
+    failed_saying(ex.check("4.1", {"forced": "aten::addmm", "layer_norm": "b"}), "ran in bf16")
+    failed_saying(ex.check("4.1", {"forced": "aten::add", "layer_norm": "b"}), "promotion")
+    failed_saying(ex.check("4.1", {"forced": next(iter(forced)), "layer_norm": "a"}),
                   "what fed it fp32")
-    failed_saying(ex.check("4.4", {"forced": "aten::nope", "layer_norm": "b"}),
+    failed_saying(ex.check("4.1", {"forced": "aten::nope", "layer_norm": "b"}),
                   "does not appear")
-    assert ex.check("4.4", {"forced": 3, "layer_norm": "b"}).status == "failed"
+    assert ex.check("4.1", {"forced": 3, "layer_norm": "b"}).status == "failed"

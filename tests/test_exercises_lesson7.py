@@ -24,7 +24,7 @@ def test_7_1_the_right_answer_follows_this_cpus_units(machine):
     assert "GradScaler" in message("7.1", "c")
 
 
-def test_7_2_the_mystery_runs_are_what_diagnose_says_and_a_swap_is_caught():
+def test_7_4_the_mystery_runs_are_what_diagnose_says_and_a_swap_is_caught():
     from mplab.diagnosis import diagnose
 
     runs = ex._mystery_runs()
@@ -34,18 +34,18 @@ def test_7_2_the_mystery_runs_are_what_diagnose_says_and_a_swap_is_caught():
     assert table.rows[0]["unscale_ / step / update per iteration"] == "2 / 2 / 2"
     assert table.rows[2]["scaler"] == "none"
     swapped = {"A": "clip_before_unscale", "B": "extra_update", "C": "no_scaler"}
-    assert message("7.2", swapped).startswith("2 of 3 wrong, among them run A")
-    assert "not a cause" in message("7.2", {"A": "nan", "B": "x", "C": "y"})
+    assert message("7.4", swapped).startswith("2 of 3 wrong, among them run A")
+    assert "not a cause" in message("7.4", {"A": "nan", "B": "x", "C": "y"})
 
 
 def _buggy():
     namespace = {}
-    exec("import torch\n" + ex.BUGGY_7_3, namespace)
+    exec("import torch\n" + ex.BUGGY_7_5, namespace)
     return namespace["train_step"]
 
 
-def test_7_3_the_buggy_loop_fails_with_the_counted_calls_and_no_clip_is_caught():
-    assert "unscale_ 2× and update 2×" in message("7.3", _buggy())
+def test_7_5_the_buggy_loop_fails_with_the_counted_calls_and_no_clip_is_caught():
+    assert "unscale_ 2× and update 2×" in message("7.5", _buggy())
 
     def no_unscale(model, optimizer, scaler, micro_batches, autocast):
         for micro in micro_batches:
@@ -57,10 +57,10 @@ def test_7_3_the_buggy_loop_fails_with_the_counted_calls_and_no_clip_is_caught()
         scaler.update()
         optimizer.zero_grad()
 
-    assert "not unscaled before clipping" in message("7.3", no_unscale)
+    assert "not unscaled before clipping" in message("7.5", no_unscale)
 
 
-def test_7_3_unscale_twice_is_torchs_refusal():
+def test_7_5_unscale_twice_is_torchs_refusal():
     def twice(model, optimizer, scaler, micro_batches, autocast):
         for micro in micro_batches:
             with autocast:
@@ -70,29 +70,29 @@ def test_7_3_unscale_twice_is_torchs_refusal():
         scaler.step(optimizer)
         scaler.update()
 
-    assert "torch refused" in message("7.3", twice)
+    assert "torch refused" in message("7.5", twice)
 
 
-def test_7_4_a_plain_cast_and_a_biased_rounding_are_caught():
-    assert "plain cast" in message("7.4", lambda x, g: x.to(torch.bfloat16))
+def test_7_3_a_plain_cast_and_a_biased_rounding_are_caught():
+    assert "plain cast" in message("7.3", lambda x, g: x.to(torch.bfloat16))
 
     def always_up(x, g):  # up whenever any dropped bit is set: every result a neighbour
         bits = x.contiguous().view(torch.int32)
         return ((bits + 0xFFFF) & -65536).view(torch.float32).to(torch.bfloat16)
 
-    assert "averages" in message("7.4", always_up)
+    assert "averages" in message("7.3", always_up)
 
     def unseeded(x, g):
         noise = torch.randint(0, 2**16, x.shape, dtype=torch.int32)
         return ((x.view(torch.int32) + noise) & -65536).view(torch.float32).to(torch.bfloat16)
 
-    assert "same generator seed" in message("7.4", unseeded)
+    assert "same generator seed" in message("7.3", unseeded)
 
 
-def test_7_4_the_reference_agrees_with_mplabs_stochastic_round_in_distribution():
+def test_7_3_the_reference_agrees_with_mplabs_stochastic_round_in_distribution():
     from mplab.bf16 import stochastic_round
 
-    _, namespace = run_cell(ex.EXERCISES["7.4"].solution_code, ex=ex)
+    _, namespace = run_cell(ex.EXERCISES["7.3"].solution_code, ex=ex)
     mine = namespace["round_stochastic"]
     x = torch.full((20000,), 1.0 + 3 * 2**-10)  # 3/8 of the way from 1 to the next bf16
     ours = mine(x, torch.Generator().manual_seed(0)).float()
@@ -102,6 +102,6 @@ def test_7_4_the_reference_agrees_with_mplabs_stochastic_round_in_distribution()
         assert (r > 1).float().mean().item() == pytest.approx(3 / 8, abs=0.02)
 
 
-def test_7_5_each_wrong_fix_says_why():
-    assert "forward pass itself" in message("7.5", "a")
-    assert "step 1" in message("7.5", "c")
+def test_7_2_each_wrong_fix_says_why():
+    assert "forward pass itself" in message("7.2", "a")
+    assert "step 1" in message("7.2", "c")

@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = ["Result", "Exercise", "Lesson", "Incorrect", "STATUSES", "is_blank", "untouched",
-           "cell", "choice_list", "one_letter", "multiple_choice",
-           "same_tensors", "python_block", "grading", "as_number", "call", "GRADING_ENV",
-           "GRADE_LOG_ENV", "CELL_METADATA_KEY"]
+           "cell", "choice_list", "one_letter", "multiple_choice", "same_tensors", "in_order",
+           "python_block", "grading", "as_number", "call", "GRADING_ENV", "GRADE_LOG_ENV",
+           "CELL_METADATA_KEY"]
 
 #: The statuses a check can end in (hint() and solution() results use "hint" and "solution").
 STATUSES = ("passed", "failed", "not attempted", "error")
@@ -173,6 +173,11 @@ def same_tensors(a, b) -> bool:
 
     a, b = list(a), list(b)
     return len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b))
+
+
+def in_order(exercises: list[Exercise]) -> list[Exercise]:
+    """A lesson's exercises by number ("4.2" before "4.10"): the order a learner meets them."""
+    return sorted(exercises, key=lambda e: tuple(int(n) for n in e.id.split(".")))
 
 
 def python_block(source: str) -> str:
@@ -375,8 +380,10 @@ class Lesson:
 
         try:
             if ex.is_blank(answer):
-                return result("not attempted", "Not attempted yet: replace the ... with your "
-                              "answer and run the cell again.")
+                edit = ("replace the ... with your answer" if "..." in ex.body else
+                        f"change `{ex.arg}` from what the cell starts with to your answer")
+                return result("not attempted", f"Not attempted yet: {edit} and run the cell "
+                              "again.")
             if callable(_starter_value(ex.body, ex.arg)) and not callable(answer):
                 return result("failed", f"Pass the function itself, ex.check(\"{ex.id}\", "
                               f"{ex.arg}), without calling it; got {answer!r:.40}, which is "

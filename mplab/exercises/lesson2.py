@@ -4,7 +4,7 @@
     ex.check("2.1", answer); ex.hint("2.1"); ex.solution("2.1")
 
 Every reference answer is computed by :mod:`mplab.casts` and :mod:`mplab.failures` with
-torch's own casts; 2.2 and 2.4 are about the lesson's captured step
+torch's own casts; 2.2 and 2.3 are about the lesson's captured step
 (:func:`mplab.lessons.lesson_capture`, the same one the notebook looks at), so the answers are
 this model's, not a textbook's.
 """
@@ -22,6 +22,7 @@ from mplab.exercises import (
     Lesson,
     as_number,
     call,
+    in_order,
 )
 from mplab.failures import swamping_run
 from mplab.formats import dtype_of, get_format, ulp
@@ -100,9 +101,9 @@ def _check_2_2(answer) -> str | None:
             "binade of small gradients from underflow.")
 
 
-# --- 2.3 is this update swamped? --------------------------------------------------------------
+# --- 2.4 is this update swamped? --------------------------------------------------------------
 
-CASES_2_3 = ((1.0, 1e-4, "fp16"), (1.0, 1e-3, "fp16"), (1.0, 1e-3, "bf16"),
+CASES_2_4 = ((1.0, 1e-4, "fp16"), (1.0, 1e-3, "fp16"), (1.0, 1e-3, "bf16"),
              (2048.0, 1.0, "fp16"), (0.01, 1e-5, "fp16"), (1.0, 1e-4, "fp32"))
 
 
@@ -111,7 +112,7 @@ def is_swamped(w: float, update: float, precision: str) -> bool:
     return swamping_run(w, update, 1, precision).lost_steps == 1
 
 
-def _why_2_3(w: float, update: float, precision: str) -> str:
+def _why_2_4(w: float, update: float, precision: str) -> str:
     stored = swamping_run(w, 0.0, 0, precision).final
     return (f"{(w, update, precision)}: next to {stored:g}, {precision}'s numbers are "
             f"{ulp(stored, precision):.3g} "
@@ -119,24 +120,24 @@ def _why_2_3(w: float, update: float, precision: str) -> str:
             "spacing (a tie rounds to the neighbour with an even last bit).")
 
 
-def _check_2_3(answer) -> str | None:
+def _check_2_4(answer) -> str | None:
     if not isinstance(answer, dict):
         raise Incorrect("Give a dict mapping each (w, update, format) case to True (the update "
                         f"is lost) or False, like the starter's; got a {type(answer).__name__}.")
-    missing = [c for c in CASES_2_3 if c not in answer or answer[c] is ...]
+    missing = [c for c in CASES_2_4 if c not in answer or answer[c] is ...]
     if missing:
         return "Answer every case; still missing: " + ", ".join(map(repr, missing)) + "."
-    bad = [c for c in CASES_2_3 if not isinstance(answer[c], bool)]
+    bad = [c for c in CASES_2_4 if not isinstance(answer[c], bool)]
     if bad:
         return "; ".join(f"{c!r}: {answer[c]!r} is not True or False" for c in bad) + "."
-    wrong = [c for c in CASES_2_3 if answer[c] != is_swamped(*c)]
+    wrong = [c for c in CASES_2_4 if answer[c] != is_swamped(*c)]
     if not wrong:
         return None
-    return (f"{len(wrong)} of {len(CASES_2_3)} are not right yet:\n"
-            + "\n".join("- " + _why_2_3(*c) for c in wrong))
+    return (f"{len(wrong)} of {len(CASES_2_4)} are not right yet:\n"
+            + "\n".join("- " + _why_2_4(*c) for c in wrong))
 
 
-# --- 2.4 the layer that loses most ------------------------------------------------------------
+# --- 2.3 the layer that loses most ------------------------------------------------------------
 
 def _layer_stats() -> dict[str, CastStats]:
     return lesson_capture().stats(FP16, 1.0, "activation_grads", rel_error=False)
@@ -147,7 +148,7 @@ def worst_layer() -> str:
     return max(stats, key=lambda n: stats[n].lost_frac)
 
 
-def _check_2_4(answer) -> str | None:
+def _check_2_3(answer) -> str | None:
     if not isinstance(answer, str):
         raise Incorrect(f"Give the layer's name as a string, e.g. \"classifier\"; got "
                         f"{answer!r:.60}.")
@@ -245,10 +246,10 @@ def _hidden_check_2_5(fn) -> str | None:
 
 # --- the exercises ----------------------------------------------------------------------------
 
-_DICT_2_3 = "{\n" + "".join(f"    {c!r}: ...,\n" for c in CASES_2_3) + "}"
-_ANSWER_2_3 = "{\n" + "".join(f"    {c!r}: {is_swamped(*c)},\n" for c in CASES_2_3) + "}"
+_DICT_2_4 = "{\n" + "".join(f"    {c!r}: ...,\n" for c in CASES_2_4) + "}"
+_ANSWER_2_4 = "{\n" + "".join(f"    {c!r}: {is_swamped(*c)},\n" for c in CASES_2_4) + "}"
 
-EXERCISES = {e.id: e for e in [
+EXERCISES = {e.id: e for e in in_order([
     Exercise(
         id="2.1", title="The smallest scale that saves a gradient",
         prompt=f"A gradient of {G_2_1:g} flushes to 0 in fp16. What is the smallest loss scale "
@@ -287,17 +288,17 @@ EXERCISES = {e.id: e for e in [
             "answer = 2 ** floor(log2(65504 / max|g|)).",
         )),
     Exercise(
-        id="2.3", title="Is the update swamped?",
-        prompt=f"For each of the {len(CASES_2_3)} cases in the cell below, a tuple (weight "
+        id="2.4", title="Is the update swamped?",
+        prompt=f"For each of the {len(CASES_2_4)} cases in the cell below, a tuple (weight "
                "`w`, `update`, the format the weight is kept in), predict whether the update "
                "is lost: `True` if `w + update`, stored in that format, is just `w` again, "
                "else `False`. Work it out first, then test your guesses with torch.",
         comment="True if w + update, kept in the format, rounds back to w",
-        body=f"answer = {_DICT_2_3}",
+        body=f"answer = {_DICT_2_4}",
         key="# lost when |update| <= half the spacing of the format's numbers at w\n"
             "# (exactly half: a tie, which rounds to the even neighbour, w here)\n"
-            f"answer = {_ANSWER_2_3}",
-        check=_check_2_3,
+            f"answer = {_ANSWER_2_4}",
+        check=_check_2_4,
         hints=(
             "A sum is rounded to the nearest number the format holds. Near w those numbers are "
             "one ulp apart, so an update smaller than half an ulp rounds straight back to w.",
@@ -308,7 +309,7 @@ EXERCISES = {e.id: e for e in [
             "update) == w.",
         )),
     Exercise(
-        id="2.4", title="The layer that loses most",
+        id="2.3", title="The layer that loses most",
         prompt="Which layer's activation gradient loses the **largest share** of its nonzero "
                "values to fp16 underflow at scale 1 (no loss scale)? Give its name as it "
                "appears in `cap.activation_grads`.",
@@ -317,7 +318,7 @@ EXERCISES = {e.id: e for e in [
         body="answer = ...  # a layer name (a string)",
         key="stats = cap.stats(\"fp16\", 1.0, \"activation_grads\")\n"
             "answer = max(stats, key=lambda name: stats[name].lost_frac)",
-        check=_check_2_4,
+        check=_check_2_3,
         hints=(
             "Compare layers by a share, not a count: values lost to 0 divided by the values "
             "that were nonzero before the cast.",
@@ -355,7 +356,7 @@ EXERCISES = {e.id: e for e in [
             "alive = (x != 0) & torch.isfinite(x); lost = alive & (x.to(dtype) == 0); return "
             "lost.sum() / alive.sum() as a float, or 0.0 when alive.sum() is 0.",
         )),
-]}
+])}
 
 LESSON = Lesson(2, list(EXERCISES.values()))
 check, hint, solution, exercise_cells, cells, task_markdown = LESSON.functions()

@@ -385,8 +385,8 @@ EXERCISES = {e.id: e for e in [
                "step clips the gradient norm, but something is wrong:\n\n"
                f"{python_block(BUGGY_3_3)}\n\n"
                "Write the fixed `train_step(model, optimizer, scaler, x, y)`: the same calls, "
-               "in the right order. It is checked by running 3 steps against a correct loop, "
-               "weights compared bit for bit.",
+               "in the right order. It need return nothing: it is checked by running 3 steps "
+               "against a correct loop, weights compared bit for bit.",
         comment="the fixed train_step (same calls, right order)",
         body="def train_step(model, optimizer, scaler, x, y):\n"
              "    return ...  # fix the loop above",

@@ -1,7 +1,7 @@
 """Lesson 4, mixed precision training in plain PyTorch: the exercises.
 
     from mplab.exercises import lesson4 as ex
-    ex.check("4.1", order); ex.hint("4.1"); ex.solution("4.1")
+    ex.check("4.2", order); ex.hint("4.2"); ex.solution("4.2")
 
 The references are runs: a learner's order of calls is executed with torch.amp.GradScaler (and
 its real error, if any, is quoted), a learner's training step is compared bit for bit with the
@@ -21,6 +21,7 @@ from mplab.exercises import (
     Lesson,
     call,
     choice_list,
+    in_order,
     multiple_choice,
     one_letter,
     python_block,
@@ -29,7 +30,7 @@ from mplab.exercises import (
 from mplab.lessons import lesson_trace
 from mplab.trace import FP32_AUTOCAST, LOW, PROMOTE
 
-# --- 4.1 order the calls ----------------------------------------------------------------------
+# --- 4.2 order the calls ----------------------------------------------------------------------
 
 CALLS = {
     "forward": "with torch.autocast(device, dtype=torch.float16): loss = model(x, y)",
@@ -38,8 +39,8 @@ CALLS = {
     "update": "scaler.update()",
     "zero_grad": "optimizer.zero_grad()",
 }
-SHUFFLED_4_1 = ["update", "forward", "zero_grad", "step", "backward"]
-RIGHT_4_1 = (["forward", "backward", "step", "update", "zero_grad"],
+SHUFFLED_4_2 = ["update", "forward", "zero_grad", "step", "backward"]
+RIGHT_4_2 = (["forward", "backward", "step", "update", "zero_grad"],
              ["zero_grad", "forward", "backward", "step", "update"])
 
 
@@ -76,9 +77,9 @@ def run_order(order: list[str], iterations: int = 3):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _check_4_1(answer) -> str | None:
+def _check_4_2(answer) -> str | None:
     if not isinstance(answer, list | tuple):
-        raise Incorrect(f"Give a list of the five names in order, like {SHUFFLED_4_1!r}; got "
+        raise Incorrect(f"Give a list of the five names in order, like {SHUFFLED_4_2!r}; got "
                         f"{type(answer).__name__}.")
     order = [str(a).strip() for a in answer]
     unknown = [a for a in order if a not in CALLS]
@@ -94,13 +95,13 @@ def _check_4_1(answer) -> str | None:
             return (said + " The gradients are cleared between backward() and step(), so the "
                     "optimizer has none to step with.")
         return said + " Put each call after the one whose result it needs."
-    if same_tensors(weights, run_order(list(RIGHT_4_1[0]))):
+    if same_tensors(weights, run_order(list(RIGHT_4_2[0]))):
         return None  # any order that trains exactly as the course's loop does
     return ("That order runs, but the model does not train as the course's loop does: which "
             "call needs the result of which?")
 
 
-# --- 4.2 make a step mixed precision ----------------------------------------------------------
+# --- 4.3 make a step mixed precision ----------------------------------------------------------
 
 FP32_STEP = '''def train_step(model, optimizer, scaler, x, y):
     loss = torch.nn.functional.mse_loss(model(x), y)
@@ -129,7 +130,7 @@ def _weights_after(step, iterations: int = 3):
     return [p.detach().clone() for p in model.parameters()], scaler
 
 
-def _check_4_2(fn) -> str | None:
+def _check_4_3(fn) -> str | None:
     got, scaler = call(_weights_after, fn, what="train_step(model, optimizer, scaler, x, y)")
     if scaler._scale is None:  # scaler.scale() never ran (torch creates the scale lazily)
         if same_tensors(got, _weights_after(functools.partial(_course_step, scaled=False))[0]):
@@ -147,16 +148,16 @@ def _check_4_2(fn) -> str | None:
             "(computed under autocast), then scale, step, update, zero_grad.")
 
 
-# --- 4.3 why does the loss go NaN? ------------------------------------------------------------
+# --- 4.4 why does the loss go NaN? ------------------------------------------------------------
 
-CHOICES_4_3 = {
+CHOICES_4_4 = {
     "a": "The learning rate is too high, so the weights diverge.",
     "b": "A feed-forward activation exceeds fp16's largest value, 65504: it becomes inf, and "
          "the LayerNorm after it turns the inf into NaN.",
     "c": "The GradScaler's scale is too large, so the gradients overflow.",
     "d": "The loss must be computed outside autocast.",
 }
-WHY_NOT_4_3 = {
+WHY_NOT_4_4 = {
     "a": "The same weights give a finite loss in fp32 and in bf16 (first lines of the table): "
          "nothing has been trained yet, so no step diverged.",
     "c": "An overflowing *gradient* is what a GradScaler handles: it skips the step and backs "
@@ -166,12 +167,12 @@ WHY_NOT_4_3 = {
 }
 
 
-_check_4_3 = multiple_choice(CHOICES_4_3, "b", WHY_NOT_4_3)
+_check_4_4 = multiple_choice(CHOICES_4_4, "b", WHY_NOT_4_4)
 
 
-# --- 4.4 read the trace -----------------------------------------------------------------------
+# --- 4.1 read the trace -----------------------------------------------------------------------
 
-REASONS_4_4 = {
+REASONS_4_1 = {
     "a": "`layer_norm` is on CPU autocast's fp32 list.",
     "b": "Its input was already fp32: the residual add of a bf16 output and the fp32 input "
          "promotes to fp32, and `layer_norm` runs in the dtype it is given.",
@@ -183,7 +184,7 @@ def _kinds_of(op: str) -> set[str]:
     return {r.kind for r in lesson_trace().records if r.op == op}
 
 
-def _check_4_4(answer) -> str | None:
+def _check_4_1(answer) -> str | None:
     if not isinstance(answer, dict) or set(answer) != {"forced", "layer_norm"}:
         raise Incorrect("Give a dict with two keys, like the starter's: {\"forced\": an op "
                         "name, \"layer_norm\": a letter}.")
@@ -193,7 +194,7 @@ def _check_4_4(answer) -> str | None:
                         f"\"aten::addmm\"; got {op!r:.40}.")
     op = op.strip() if op.strip().startswith("aten::") else "aten::" + op.strip()
     forced = lesson_trace().fp32_ops
-    reason = one_letter(answer["layer_norm"], REASONS_4_4)
+    reason = one_letter(answer["layer_norm"], REASONS_4_1)
     if op not in forced:
         kinds = _kinds_of(op)
         if not kinds:
@@ -217,17 +218,17 @@ def _check_4_4(answer) -> str | None:
 
 # --- the exercises ----------------------------------------------------------------------------
 
-EXERCISES = {e.id: e for e in [
+EXERCISES = {e.id: e for e in in_order([
     Exercise(
-        id="4.1", title="Order the calls",
+        id="4.2", title="Order the calls",
         prompt="One iteration of the course's fp16 loop is five calls, named here:\n\n"
                + "\n".join(f"- `{k}`: `{v}`" for k, v in CALLS.items())
                + "\n\nPut the five names in the order they run, as a list. Your order is run "
                "with torch: if torch refuses it, you see torch's own error.",
         comment="the five calls of one iteration, in order",
-        body=f"answer = {SHUFFLED_4_1!r}  # reorder this list",
-        key=f"answer = {list(RIGHT_4_1[0])!r}  # zero_grad may also come first",
-        check=_check_4_1,
+        body=f"answer = {SHUFFLED_4_2!r}  # reorder this list",
+        key=f"answer = {list(RIGHT_4_2[0])!r}  # zero_grad may also come first",
+        check=_check_4_2,
         hints=(
             "Each call needs something the one before it made: a loss, then gradients, then "
             "an inf check, then a new scale.",
@@ -238,12 +239,12 @@ EXERCISES = {e.id: e for e in [
             "start).",
         )),
     Exercise(
-        id="4.2", title="Make a loop mixed precision",
+        id="4.3", title="Make a loop mixed precision",
         prompt="Turn this fp32 training step into the course's fp16 step, using the `scaler` "
                f"it is given (a `torch.amp.GradScaler`):\n\n{python_block(FP32_STEP)}\n\n"
-               "Write the new `train_step(model, optimizer, scaler, x, y)`. It is run for 3 "
-               "steps on a small model on the CPU and compared with the course's loop, "
-               "weights bit for bit.",
+               "Write the new `train_step(model, optimizer, scaler, x, y)`; it need return "
+               "nothing. It is run for 3 steps on a small model on the CPU and compared with "
+               "the course's loop, weights bit for bit.",
         comment="the fp16 version of train_step (autocast + the given scaler)",
         body="def train_step(model, optimizer, scaler, x, y):\n"
              "    return ...  # the fp16 version",
@@ -255,7 +256,7 @@ EXERCISES = {e.id: e for e in [
             "    scaler.update()\n"
             "    optimizer.zero_grad()",
         arg='train_step',
-        check=_check_4_2,
+        check=_check_4_3,
         hints=(
             "Two changes: the forward pass (model and loss) runs under autocast, and the "
             "backward/step go through the scaler.",
@@ -266,15 +267,15 @@ EXERCISES = {e.id: e for e in [
             "zero_grad() outside it.",
         )),
     Exercise(
-        id="4.3", title="Why does the loss go NaN?",
+        id="4.4", title="Why does the loss go NaN?",
         prompt="A feed-forward block whose weights came from bf16 training gives a NaN loss "
                "from its very first forward pass in fp16, but a finite one in fp32 and bf16 "
-               f"(the tables above). Why? Pick the reason:\n\n{choice_list(CHOICES_4_3)}\n\n"
+               f"(the tables above). Why? Pick the reason:\n\n{choice_list(CHOICES_4_4)}\n\n"
                "Answer with its letter.",
         comment="\"a\", \"b\", \"c\" or \"d\"",
         body="answer = ...",
         key="answer = \"b\"  # 66,246 > 65,504: inf, then NaN in LayerNorm",
-        check=_check_4_3,
+        check=_check_4_4,
         hints=(
             "Follow the table stage by stage: where does the first inf appear, and where the "
             "first NaN?",
@@ -283,18 +284,18 @@ EXERCISES = {e.id: e for e in [
             "The feed-forward output stage overflows; LayerNorm computes inf − inf.",
         )),
     Exercise(
-        id="4.4", title="Read the trace",
+        id="4.1", title="Read the trace",
         prompt="Read the lesson model's bf16 trace above (`t`). Name one op that autocast "
                "**forced** to fp32, by its name in the trace (an `aten::` name), and say "
                "why `native_layer_norm` ran in fp32 too:\n\n"
-               f"{choice_list(REASONS_4_4)}\n\n"
+               f"{choice_list(REASONS_4_1)}\n\n"
                "Answer with a dict: `{\"forced\": the op's name, \"layer_norm\": the "
                "reason's letter}`.",
         comment="an op autocast forced to fp32, and why layer_norm ran in fp32",
         body="answer = {\"forced\": ..., \"layer_norm\": ...}",
         key="answer = {\"forced\": \"aten::_log_softmax\",  # cross-entropy: fp32 list\n"
             "          \"layer_norm\": \"b\"}  # its input came from a promoting add",
-        check=_check_4_4,
+        check=_check_4_1,
         hints=(
             "The trace's summary has a `kind` column: \"fp32 (autocast)\" marks ops autocast "
             "upcast; plain \"fp32\" ones just got fp32 inputs.",
@@ -303,7 +304,7 @@ EXERCISES = {e.id: e for e in [
             "The loss (cross-entropy) is forced to fp32; layer_norm follows a residual add of "
             "a bf16 and an fp32 tensor.",
         )),
-]}
+])}
 
 LESSON = Lesson(4, list(EXERCISES.values()))
 check, hint, solution, exercise_cells, cells, task_markdown = LESSON.functions()

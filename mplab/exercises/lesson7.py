@@ -23,6 +23,7 @@ from mplab.exercises import (
     Lesson,
     call,
     choice_list,
+    in_order,
     multiple_choice,
     python_block,
     same_tensors,
@@ -57,7 +58,7 @@ _check_7_1 = multiple_choice(CHOICES_7_1, right_7_1, {
          "change how long one step takes."})
 
 
-# --- 7.2 read the records ---------------------------------------------------------------------
+# --- 7.4 read the records ---------------------------------------------------------------------
 
 MYSTERY = {"A": "extra_update", "B": "clip_before_unscale", "C": "no_scaler"}
 
@@ -88,7 +89,7 @@ def mystery_records() -> Table:
     return Table(rows, title="three broken fp16 runs of the lab model")
 
 
-def _check_7_2(answer) -> str | None:
+def _check_7_4(answer) -> str | None:
     if not isinstance(answer, dict):
         raise Incorrect(f"Give a dict from run letter to cause name, like "
                         f"{{\"A\": \"no_units\"}}; got {type(answer).__name__}.")
@@ -107,9 +108,9 @@ def _check_7_2(answer) -> str | None:
             "stands out against the others? Each cause leaves one figure no healthy run has.")
 
 
-# --- 7.3 accumulation with a scaler -----------------------------------------------------------
+# --- 7.5 accumulation with a scaler -----------------------------------------------------------
 
-BUGGY_7_3 = '''\
+BUGGY_7_5 = '''\
 def train_step(model, optimizer, scaler, micro_batches, autocast):
     for micro in micro_batches:
         with autocast:
@@ -123,7 +124,7 @@ def train_step(model, optimizer, scaler, micro_batches, autocast):
     optimizer.zero_grad()'''
 
 
-def _reference_7_3(model, optimizer, scaler, micro_batches, autocast, unscale=True) -> None:
+def _reference_7_5(model, optimizer, scaler, micro_batches, autocast, unscale=True) -> None:
     for micro in micro_batches:
         with autocast:
             loss = model(**micro).loss / len(micro_batches)
@@ -136,7 +137,7 @@ def _reference_7_3(model, optimizer, scaler, micro_batches, autocast, unscale=Tr
     optimizer.zero_grad()
 
 
-def _run_7_3(step, steps: int = 2):
+def _run_7_5(step, steps: int = 2):
     """`steps` optimizer steps of 2 micro-batches of 8 on the lab model, fp16 autocast on the
     CPU, watched by a Recorder; the weights after, and the record."""
     from mplab.train import Recorder
@@ -155,12 +156,12 @@ def _run_7_3(step, steps: int = 2):
 
 @functools.cache
 def _reference_weights(unscale: bool = True):
-    return _run_7_3(functools.partial(_reference_7_3, unscale=unscale))[0]
+    return _run_7_5(functools.partial(_reference_7_5, unscale=unscale))[0]
 
 
-def _check_7_3(fn) -> str | None:
+def _check_7_5(fn) -> str | None:
     try:
-        weights, result = _run_7_3(fn)
+        weights, result = _run_7_5(fn)
     except RuntimeError as err:
         if "unscale_() has already been called" in str(err):
             return ("torch refused: unscale_() ran twice before an update(). Each micro-batch "
@@ -187,7 +188,7 @@ def _check_7_3(fn) -> str | None:
             "the clip at max_norm=1.0 and AdamW; only where the scaler's calls go changes.")
 
 
-# --- 7.4 stochastic rounding ------------------------------------------------------------------
+# --- 7.3 stochastic rounding ------------------------------------------------------------------
 
 def _neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16's representable values just below and just above each fp32 value (torch casts)."""
@@ -201,14 +202,14 @@ def _neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(exact, x, low), torch.where(exact, x, high)
 
 
-def _probe_7_4():
+def _probe_7_3():
     g = torch.Generator().manual_seed(7)
     x = (torch.rand(4096, generator=g) * 2 - 1) * 3.0
     return x, torch.Generator().manual_seed(0)
 
 
-def _check_7_4(fn) -> str | None:
-    x, gen = _probe_7_4()
+def _check_7_3(fn) -> str | None:
+    x, gen = _probe_7_3()
     out = call(fn, x.clone(), gen, what="round_stochastic(x, generator)")
     if not isinstance(out, torch.Tensor):
         return f"round_stochastic must return a tensor; it returned {type(out).__name__}."
@@ -246,16 +247,16 @@ def _check_7_4(fn) -> str | None:
     return None
 
 
-# --- 7.5 the fix for an overflow --------------------------------------------------------------
+# --- 7.2 the fix for an overflow --------------------------------------------------------------
 
-CHOICES_7_5 = {
+CHOICES_7_2 = {
     "a": "A GradScaler with a lower init_scale, e.g. 2**11.",
     "b": "bf16 autocast, or that layer in fp32 inside the fp16 autocast (an fp32 island).",
     "c": "A lower learning rate.",
     "d": "Gradient clipping at max_norm=1.0.",
 }
 
-WHY_NOT_7_5 = {
+WHY_NOT_7_2 = {
     "a": "A scaler multiplies the loss *after* the forward pass. Here the forward pass itself "
          "overflows: the loss is NaN before any scaling.",
     "c": "The loss is NaN at step 1, before the learning rate has moved any weight.",
@@ -263,12 +264,12 @@ WHY_NOT_7_5 = {
 }
 
 
-_check_7_5 = multiple_choice(CHOICES_7_5, "b", WHY_NOT_7_5)
+_check_7_2 = multiple_choice(CHOICES_7_2, "b", WHY_NOT_7_2)
 
 
 # --- the exercises ----------------------------------------------------------------------------
 
-EXERCISES = {e.id: e for e in [
+EXERCISES = {e.id: e for e in in_order([
     Exercise(
         id="7.1", title="Why bf16 loses at the lesson size",
         prompt="On a CPU, bf16 often trains the lesson model (hidden 128, 2 layers) no "
@@ -289,7 +290,7 @@ EXERCISES = {e.id: e for e in [
             "With bf16 units present, the size is to blame; without them, the hardware.",
         )),
     Exercise(
-        id="7.2", title="Read three broken runs",
+        id="7.4", title="Read three broken runs",
         prompt="The table above (printed by `ex.mystery_records()`) shows three broken fp16 "
                "runs of the lab model, A, B and C, by the figures the recorder saw. Name the "
                "cause of each, without calling `mplab.diagnose`, as a dict from letter to a "
@@ -302,7 +303,7 @@ EXERCISES = {e.id: e for e in [
         body="answer = {\"A\": ..., \"B\": ..., \"C\": ...}  # cause names",
         key="answer = {\"A\": \"extra_update\", \"B\": \"clip_before_unscale\",\n"
             "          \"C\": \"no_scaler\"}",
-        check=_check_7_2,
+        check=_check_7_4,
         hints=(
             "Each cause leaves one figure a healthy run does not have: a count of calls, a "
             "norm out of all proportion, or gradients that are mostly zero.",
@@ -312,15 +313,16 @@ EXERCISES = {e.id: e for e in [
             "zeros.",
         )),
     Exercise(
-        id="7.3", title="Accumulate with a scaler",
+        id="7.5", title="Accumulate with a scaler",
         prompt="This step accumulates gradients over micro-batches and clips at 1.0, but it "
                "runs the scaler on every micro-batch (its author added `scaler.update()` to "
                "silence torch's \"unscale_() has already been called\" error):\n\n"
-               + python_block(BUGGY_7_3)
+               + python_block(BUGGY_7_5)
                + "\n\nWrite a correct `train_step(model, optimizer, scaler, micro_batches, "
                "autocast)`: the same loss, clip and optimizer step, with each scaler call "
-               "where it belongs. The check trains the lab model 2 steps of 2 micro-batches "
-               "with a Recorder watching, and compares the weights with a correct loop's.",
+               "where it belongs; it need return nothing. The check trains the lab model 2 steps "
+               "of 2 micro-batches with a Recorder watching, and compares the weights with a "
+               "correct loop's.",
         comment="gradient accumulation with a GradScaler, done right",
         body="def train_step(model, optimizer, scaler, micro_batches, autocast):\n"
              "    return ...  # fix the loop above",
@@ -335,7 +337,7 @@ EXERCISES = {e.id: e for e in [
             "    scaler.update()\n"
             "    optimizer.zero_grad()",
         arg='train_step',
-        check=_check_7_3,
+        check=_check_7_5,
         hints=(
             "One optimizer step, one unscale_, one step, one update: a micro-batch that does "
             "not step only adds its scaled gradients.",
@@ -344,7 +346,7 @@ EXERCISES = {e.id: e for e in [
             "unscale_, clip, step, update, zero_grad once.",
         )),
     Exercise(
-        id="7.4", title="Stochastic rounding by hand",
+        id="7.3", title="Stochastic rounding by hand",
         prompt="Write `round_stochastic(x, generator)`: round the fp32 tensor `x` to bf16 "
                "*stochastically*, to the bf16 number just above with a probability equal to "
                "x's distance from the one just below divided by the gap between them (so the "
@@ -363,7 +365,7 @@ EXERCISES = {e.id: e for e in [
             "    rounded = (bits + noise) & -65536\n"
             "    return rounded.view(torch.float32).to(torch.bfloat16)  # exact: low bits 0",
         arg='round_stochastic',
-        check=_check_7_4,
+        check=_check_7_3,
         hints=(
             "bf16 is the top 16 bits of an fp32: rounding drops the low 16. Stochastic "
             "rounding rounds up with the chance those dropped bits make of the gap.",
@@ -372,21 +374,21 @@ EXERCISES = {e.id: e for e in [
             "(bits + noise) & -65536, viewed back as float32, then .to(torch.bfloat16).",
         )),
     Exercise(
-        id="7.5", title="The fix for an activation overflow",
+        id="7.2", title="The fix for an activation overflow",
         prompt="A model pretrained in bf16 gives a NaN loss at the first fp16 step: a "
-               "feed-forward output reaches 100,000 (section 3's T5-like model). Which fix "
-               "works?\n\n" + choice_list(CHOICES_7_5),
+               "feed-forward output reaches 100,000 (section 2's T5-like model). Which fix "
+               "works?\n\n" + choice_list(CHOICES_7_2),
         comment="the fix for an fp16 activation overflow",
         body="answer = ...  # \"a\", \"b\", \"c\" or \"d\"",
         key="answer = \"b\"",
-        check=_check_7_5,
+        check=_check_7_2,
         hints=(
             "Where does the overflow happen: in the forward pass or the backward pass?",
             "A GradScaler and clipping act on gradients; the learning rate on updates. The "
             "value here is an activation.",
             "Give that activation a format whose range holds 100,000.",
         )),
-]}
+])}
 
 LESSON = Lesson(7, list(EXERCISES.values()))
 check, hint, solution, exercise_cells, cells, task_markdown = LESSON.functions()
