@@ -18,6 +18,7 @@ import textwrap
 
 import torch
 
+from mplab import lessons
 from mplab.audit import Audit, audit
 from mplab.exercises import (
     Exercise,
@@ -251,7 +252,7 @@ def colleague_step():
     model = lesson_model().to(torch.bfloat16)  # "bf16 weights: half the memory"
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
-    batch = lesson_batch(8)
+    batch = lessons.lesson_batch(8)  # as the lesson's cells call it
     loss = model(**batch).loss
     accelerator.backward(loss)
     optimizer.step()

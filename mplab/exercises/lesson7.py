@@ -351,7 +351,11 @@ EXERCISES = {e.id: e for e in in_order([
                "*stochastically*, to the bf16 number just above with a probability equal to "
                "x's distance from the one just below divided by the gap between them (so the "
                "mean of many roundings is x), drawing random numbers only from `generator` "
-               "(a `torch.Generator`). Return the bf16 tensor. The check compares every "
+               "(a `torch.Generator`). Return the bf16 tensor. A bf16 number is the top 16 "
+               "bits of an fp32 one (sign, 8 exponent bits, 7 mantissa bits; lesson 1), so "
+               "the fp32 bits of x below those 16 say where x lies between its two bf16 "
+               "neighbours. The check's inputs are finite and within bf16's range (NaN and "
+               "inf need no rounding). The check compares every "
                "result with torch's two bf16 neighbours of its input, averages 20,000 "
                "roundings, and repeats a seed.",
         comment="stochastic rounding from fp32 to bf16",
