@@ -248,8 +248,9 @@ class OverflowDemo:
                  f"{self.precision} max finite |x|": s.max_finite, "inf": s.inf, "NaN": s.nan}
                 for s in self.stages]
         how = " (simulated: fp32 arithmetic, rounded after each op)" if self.simulated else ""
-        return Table(rows, title=f"Feed-forward block in {self.precision}{how}: first inf at "
-                                 f"{self.first_inf}, first NaN at {self.first_nan}")
+        found = (f"first inf at {self.first_inf or 'no stage'}, first NaN at "
+                 f"{self.first_nan or 'no stage'}" if not self.finite else "every value finite")
+        return Table(rows, title=f"Feed-forward block in {self.precision}{how}: {found}")
 
 
 #: The outlier the demo builds: T5's feed-forward output in fp16 (transformers #5651).

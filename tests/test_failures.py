@@ -88,3 +88,5 @@ def test_overflow_demo_fp16_inf_turns_to_nan_bf16_stays_finite():
     assert X.overflow_demo("fp8_e4m3").finite  # saturates at 448 instead
     assert X.overflow_demo("fp8_e5m2").first_nan == "layer_norm"
     assert len(fp16.table()) == len(fp16.stages)
+    assert fp16.table().title.endswith("first inf at ff_out: h·W2ᵀ + b2, first NaN at layer_norm")
+    assert bf16.table().title.endswith(": every value finite")  # not "first inf at None"

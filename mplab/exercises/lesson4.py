@@ -243,7 +243,8 @@ EXERCISES = {e.id: e for e in in_order([
         prompt="Turn this fp32 training step into the course's fp16 step, using the `scaler` "
                f"it is given (a `torch.amp.GradScaler`):\n\n{python_block(FP32_STEP)}\n\n"
                "Write the new `train_step(model, optimizer, scaler, x, y)`; it need return "
-               "nothing. It is run for 3 steps on a small model on the CPU and compared with "
+               "nothing. Autocast on the device the tensors are on (`x.device.type`: \"cpu\" "
+               "here). It is run for 3 steps on a small model on the CPU and compared with "
                "the course's loop, weights bit for bit.",
         comment="the fp16 version of train_step (autocast + the given scaler)",
         body="def train_step(model, optimizer, scaler, x, y):\n"
