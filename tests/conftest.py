@@ -1,14 +1,21 @@
 """What the tests share: every lesson's exercises (found, not listed), a fresh learner
 session, cells run as Jupyter runs them, the assertion that feedback explains, and the kind of
-machine a hardware-dependent test runs as (the `machine` fixture)."""
+machine a hardware-dependent test runs as (the `machine` fixture), and a launcher that
+reports a hung multi-process job with its stacks."""
 
 import ast
 import dataclasses
 import functools
 import importlib
+import os
 import pkgutil
 import re
+import shlex
+import signal
+import subprocess
 import sys
+import time
+import warnings
 
 import pytest
 
@@ -145,3 +152,31 @@ def machine(request, monkeypatch) -> Machine:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     return Machine(kind, hardware.resolve_device("auto").type, hardware.has_units("bf16"),
                    hardware.has_units("fp16"))
+
+
+def launch(command: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """Run a command that starts training processes (torchrun, accelerate launch), capturing
+    its output as text.
+
+    A job that hangs is not left to the test's timeout: every Python process it started
+    prints its stack (faulthandler, on SIGABRT) and the command runs once more, with the
+    stacks kept as a warning for whoever reads the log (a torchrun job of the Trainer path hung
+    once in CI, printing nothing, where 40 reruns on a like machine did not); a second hang
+    fails, with the stacks.
+    """
+    env = {**kwargs.pop("env", os.environ), "PYTHONFAULTHANDLER": "1"}
+    for attempt in (1, 2):
+        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env, start_new_session=True, **kwargs)
+        try:
+            out, err = job.communicate(timeout=timeout)
+            return subprocess.CompletedProcess(command, job.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGABRT)  # each process prints where it waits
+            time.sleep(3)
+            os.killpg(job.pid, signal.SIGKILL)
+            out, err = job.communicate()
+            stacks = f"{shlex.join(command)} hung past {timeout:g} s; its stacks:\n{err[-6000:]}"
+            if attempt == 2:
+                pytest.fail(stacks)
+            warnings.warn(stacks, stacklevel=2)

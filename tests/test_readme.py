@@ -7,12 +7,12 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
+from conftest import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -81,8 +81,7 @@ def one_process_twin(command: str):
 @pytest.mark.parametrize("command", COMMANDS)
 def test_each_readme_training_command_runs_as_written(command, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(as_run(command), cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = launch(as_run(command), cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("mplab.train:") == 1, done.stdout[-2000:]  # rank 0's summary
     summary = done.stdout[done.stdout.index("mplab.train:"):]

@@ -7,12 +7,12 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # these tests never reach for the hub
 
 import json  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from conftest import launch  # noqa: E402
 
 from mplab import models  # noqa: E402
 from mplab.train import TrainResult, TrainWarning, train  # noqa: E402
@@ -287,9 +287,9 @@ def test_runs_of_different_precisions_follow_each_other_in_one_process():
 # ---- several processes ----------------------------------------------------------------------
 
 def launched(command: list[str], out) -> dict:
-    run = subprocess.run(command + ["--device", "cpu", "--steps", "4", "--batch-size", "4",
-                                    "--eval-samples", "40", "--no-progress", "--json", str(out)],
-                         capture_output=True, text=True, env=env(), cwd=ROOT, timeout=240)
+    run = launch(command + ["--device", "cpu", "--steps", "4", "--batch-size", "4",
+                            "--eval-samples", "40", "--no-progress", "--json", str(out)],
+                 env=env(), cwd=ROOT, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("mplab.train:") == 1  # only rank 0 prints
     return json.loads(out.read_text())
@@ -300,10 +300,10 @@ def test_accelerate_launch_cpu_with_two_processes_starts_one():
     """accelerate 1.15 on a CPU: --cpu --num_processes 2 starts a single process (multi-CPU
     there goes through mpirun), as the README says; --multi_gpu starts two (the README's
     line, run in test_readme)."""
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1",
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no"]
-    done = subprocess.run(launch + ["--cpu", "--num_processes", "2", "-m", "platform"],
-                          capture_output=True, text=True, env=env(), cwd=ROOT, timeout=240)
+    done = launch(launcher + ["--cpu", "--num_processes", "2", "-m", "platform"],
+                  env=env(), cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(done.stdout.strip().splitlines()) == 1  # one process printed its platform
 
