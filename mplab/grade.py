@@ -211,7 +211,7 @@ class _Run:
 
 
 def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
-                   with_solutions: bool = False) -> dict:
+                   with_solutions: bool = False, executed=None) -> dict:
     """Run a notebook in a fresh kernel and score its exercises.
 
     Returns ``{"notebook", "lesson", "total", "max", "exercises": [{"id", "status", "points",
@@ -219,6 +219,8 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
     "exercise", "problem"}], "with_solutions", "elapsed_s"}``; status is one of "passed",
     "failed", "not attempted", "error" (the last check's; "attempts" lists every check's, in
     order); a problem's "cell" is its position in the notebook, counting from 1.
+    `executed`: a path to also write the notebook as it ran, outputs included (what the
+    learner's cells printed, for an instructor to read).
     Raises :class:`GradingError` for a missing file, a non-notebook, or no lesson.
     """
     if timeout <= 0 or cell_timeout <= 0:
@@ -245,6 +247,8 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
                "PYTHONPATH": python_path}
         run = _Run(nb, path.resolve().parent, log, env, started + timeout, cell_timeout)
         run.run()
+    if executed is not None:
+        nbformat.write(nb, executed)
 
     rows = {xid: {"id": xid, "status": "not attempted", "points": 0, "max_points": ex.points,
                   "message": f'Never checked: no cell ran ex.check("{xid}", ...).',
@@ -311,10 +315,13 @@ def main(argv=None) -> int:
                         help="time limit for one cell, in seconds (default 120)")
     parser.add_argument("--with-solutions", action="store_true",
                         help="replace each exercise cell with its reference solution")
+    parser.add_argument("--executed", metavar="FILE",
+                        help="also write the notebook as it ran, with its outputs, here")
     args = parser.parse_args(argv)
     try:
         report = grade_notebook(args.notebook, timeout=args.timeout,
-                                cell_timeout=args.cell_timeout, with_solutions=args.with_solutions)
+                                cell_timeout=args.cell_timeout, with_solutions=args.with_solutions,
+                                executed=args.executed)
     except GradingError as e:
         print(f"mplab.grade: error: {e}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
 """Every notebook is stored clean and runs top to bottom in a fresh kernel, as a learner would."""
 
+import copy
 from pathlib import Path
 
 import nbformat
@@ -9,6 +10,7 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 LESSONS = [p for p in NOTEBOOKS if p.name[:2].isdigit()]
 PAGES = [p for p in NOTEBOOKS if p not in LESSONS]
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 def test_there_are_notebooks():
@@ -36,6 +38,34 @@ def test_notebook_runs_top_to_bottom_in_a_fresh_kernel(path):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
               if o.output_type == "error"]
     assert not errors
+    rendered_widget_views(nb)
+
+
+def rendered_widget_views(nb) -> list:
+    """Rendered to HTML by nbconvert as GitHub shows a notebook (no widget state), each widget
+    shows its first view (the text and figures of the text/html it carries), never its repr.
+    Returns the widgets' outputs it checked."""
+    import re
+
+    from bs4 import BeautifulSoup
+    from nbconvert import HTMLExporter
+
+    def text(markup: str) -> str:
+        return " ".join(BeautifulSoup(markup, "html.parser").get_text(" ").split())
+
+    nb = copy.deepcopy(nb)
+    nb.metadata.pop("widgets", None)
+    views = [o.data for c in nb.cells if c.cell_type == "code" for o in c.outputs
+             if WIDGET_VIEW in o.get("data", {})]
+    page, _ = HTMLExporter().from_notebook_node(nb)
+    words = text(page)
+    for view in views:
+        assert "text/html" in view, view["text/plain"]
+        assert text(view["text/html"]) in words and view["text/plain"] not in page, (
+            view["text/plain"])
+        for figure in re.findall(r"base64,([A-Za-z0-9+/=]+)", view["text/html"]):
+            assert figure in page, view["text/plain"]
+    return views
 
 
 
@@ -44,7 +74,6 @@ def starters_then_key(path: Path):
     the key: one run is then the blank run (every starter, and every other cell, as a
     learner first meets them) and the key's run, since no other cell reads an answer."""
     import ast
-    import copy
 
     from mplab.grade import exercise_id
 
@@ -75,11 +104,12 @@ def test_lesson_as_shipped_is_not_attempted_and_its_key_earns_full_marks(path, t
 
     both = tmp_path / path.name
     nbformat.write(starters_then_key(path), both)
-    report = grade_notebook(both, timeout=600)
+    report = grade_notebook(both, timeout=600, executed=tmp_path / "ran.ipynb")
     assert report["max"] > 0 and len(report["exercises"]) >= 4
     for row in report["exercises"]:  # the starter, then the key
         assert row["attempts"] == ["not attempted", "passed"], row
     assert not report["problems"], report["problems"]  # every other cell ran cleanly
     assert report["total"] == report["max"], report["exercises"]
+    assert rendered_widget_views(nbformat.read(tmp_path / "ran.ipynb", 4))
     # The budget is 60 s on 2 idle cores; benchmarks/bench_lessons.py measures it alone.
     print(f"\n{path.stem}: top to bottom, starters and key, in {report['elapsed_s']:g} s")

@@ -28,7 +28,7 @@ from mplab import explain, plots
 from mplab import formats as F
 from mplab.formats import FloatFormat
 from mplab.lessons import layer_weight
-from mplab.widgets._common import guarded
+from mplab.widgets._common import StaticView, guarded
 
 __all__ = ["precision_explorer", "PrecisionExplorer", "read_number", "Reading", "presets",
            "FIELD_COLORS"]
@@ -159,7 +159,7 @@ class _BitRow:
                             f'<span style="color:#666">{d.kind}</span>')
 
 
-class PrecisionExplorer(widgets.VBox):
+class PrecisionExplorer(StaticView, widgets.VBox):
     """One number in every format, bit by bit. Build it with :func:`precision_explorer`.
 
     `value` is the number explored (a Python float, i.e. a double), readable and settable

@@ -25,7 +25,7 @@ from mplab.casts import CastStats, combined, largest_safe_scale
 from mplab.failures import SwampRun, finite_number, swamp_threshold, swamping_run
 from mplab.formats import get_format
 from mplab.histograms import format_bands
-from mplab.widgets._common import guarded, png
+from mplab.widgets._common import StaticView, guarded, png
 
 __all__ = ["loss_scale_explorer", "LossScaleExplorer", "swamping_demo", "SwampingDemo",
            "SWAMP_FORMATS", "LOSS_SCALE_FORMATS", "percent"]
@@ -52,7 +52,7 @@ def _choice(value, accepted, what: str) -> str:
 
 # --- the loss-scale explorer --------------------------------------------------------------------
 
-class LossScaleExplorer(widgets.VBox):
+class LossScaleExplorer(StaticView, widgets.VBox):
     """A captured step's values under a loss scale. Build it with :func:`loss_scale_explorer`.
 
     Controls a test (or a learner) can drive: `slider` (log2 of the scale, 0 to 24),
@@ -226,7 +226,7 @@ def loss_scale_explorer(capture: Capture, kind: str = "activation_grads",
 
 # --- swamping and master weights ----------------------------------------------------------------
 
-class SwampingDemo(widgets.VBox):
+class SwampingDemo(StaticView, widgets.VBox):
     """``w ← w − lr·grad`` repeated, with the weight kept in a narrow format or behind an fp32
     master copy. Build it with :func:`swamping_demo`.
 

@@ -18,7 +18,7 @@ import torch
 from mplab import plots
 from mplab.lessons import ScalerRun
 from mplab.scaler import GradScaler
-from mplab.widgets._common import guarded, png
+from mplab.widgets._common import StaticView, guarded, png
 
 __all__ = ["scaler_stepper", "ScalerStepper", "GROWTH_FACTORS", "BACKOFF_FACTORS", "ROWS_SHOWN"]
 
@@ -28,7 +28,7 @@ BACKOFF_FACTORS = (0.5, 0.25, 0.9)
 ROWS_SHOWN = 8
 
 
-class ScalerStepper(widgets.VBox):
+class ScalerStepper(StaticView, widgets.VBox):
     """Dynamic loss scaling, one iteration per click. Build it with :func:`scaler_stepper`.
 
     Buttons: `next_step`, `inject_inf`, `ten_steps`, `reset`; settings (changing one restarts

@@ -29,7 +29,7 @@ from mplab.train import (
     TrainWarning,
     train,
 )
-from mplab.widgets._common import guarded, png
+from mplab.widgets._common import StaticView, guarded, png
 
 __all__ = ["training_panel", "TrainingPanel"]
 
@@ -43,7 +43,7 @@ def _devices() -> list[tuple[str, str]]:
     return options
 
 
-class TrainingPanel(widgets.VBox):
+class TrainingPanel(StaticView, widgets.VBox):
     """Precision and device selectors, a step count and a "train" button. Build it with
     :func:`training_panel`.
 
@@ -54,7 +54,7 @@ class TrainingPanel(widgets.VBox):
     """
 
     def __init__(self, steps: int = 60, precision: str = "bf16", device: str = "auto",
-                 path: str = "torch", **settings):
+                 path: str = "torch", *, runs=(), **settings):
         super().__init__()
         if path not in PATHS:
             raise ValueError(f"unknown path {path!r}; accepted: " + ", ".join(map(repr, PATHS)))
@@ -72,7 +72,10 @@ class TrainingPanel(widgets.VBox):
             raise ValueError(f"{sorted(fixed)} are the panel's own controls, not settings")
         TrainConfig(**settings)  # a bad setting fails here, not at the first press
         self.settings = {"progress": False, **settings}
-        self.results: list[TrainResult] = []
+        self.results: list[TrainResult] = list(runs.values() if isinstance(runs, dict) else runs)
+        if not all(isinstance(r, TrainResult) for r in self.results):
+            raise ValueError("runs must be TrainResults (what mplab.train.train returns), got "
+                             + ", ".join(sorted({type(r).__name__ for r in self.results})))
         self.path = widgets.ToggleButtons(options=PATHS, value=path, description="path")
         self.path.add_class("mplab-train-path")
         self.precision = widgets.ToggleButtons(options=PRECISIONS, value=precision,
@@ -198,8 +201,9 @@ def _table_html(table: Table) -> str:
 
 
 def training_panel(steps: int = 60, precision: str = "bf16", device: str = "auto",
-                   path: str = "torch", **settings) -> TrainingPanel:
+                   path: str = "torch", *, runs=(), **settings) -> TrainingPanel:
     """Train the lesson model from a panel: path, precision, device and steps, a "train" button,
-    a live loss plot and a table comparing every run. `settings` go to mplab.train.train
-    (e.g. batch_size=16, eval_samples=200)."""
-    return TrainingPanel(steps, precision, device, path, **settings)
+    a live loss plot and a table comparing every run. `runs`: TrainResults (a list, or a dict
+    of them) to start with, a lesson's own, so the first view already compares something;
+    `settings` go to mplab.train.train (e.g. batch_size=16, eval_samples=200)."""
+    return TrainingPanel(steps, precision, device, path, runs=runs, **settings)

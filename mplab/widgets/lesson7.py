@@ -21,14 +21,14 @@ from mplab import lab, plots
 from mplab._display import Table
 from mplab.diagnosis import CAUSES, Diagnosis, diagnose
 from mplab.train import NonFiniteLossError, TrainResult, TrainWarning
-from mplab.widgets._common import guarded, png
+from mplab.widgets._common import StaticView, guarded, png
 
 __all__ = ["failure_lab", "FailureLab", "verdict", "runs_figure"]
 
 _COLORS = {"broken": "#e45756", "fixed": "#4c78a8"}
 
 
-class FailureLab(widgets.VBox):
+class FailureLab(StaticView, widgets.VBox):
     """A failure picker, "run it", a fix picker and "apply the fix and run again". Build it with
     :func:`failure_lab`.
 
