@@ -2,6 +2,7 @@
 
     tokenizer = lesson_tokenizer()                 # data/sentiment/tokenizer, offline
     model = lesson_model()                         # a small BERT, random weights, seed 0
+    model = lesson_model(pretrained=True)          # its trained encoder, a fresh head
     model, tokenizer = load_pretrained("path/or/hub-name")   # fp32 weights unless asked
     model, tokenizer = load_pretrained(minilm_path())     # a real pretrained encoder, offline
 
@@ -25,6 +26,9 @@ from mplab.data import DATA_DIR
 from mplab.formats import dtype_name, dtype_of
 
 LESSON_TOKENIZER = DATA_DIR / "sentiment" / "tokenizer"
+# The lesson model's encoder after 600 fp32 steps, without pooler and head (made and
+# explained by data/make_lesson_pretrained.py).
+LESSON_PRETRAINED = DATA_DIR / "lesson_pretrained"
 
 # The lesson transformer's shape; any BertConfig field can be overridden in lesson_model().
 # Measured on the sentiment data, 600 steps of AdamW (lr 1e-3), seeds 0-3: 4 heads reach
@@ -46,12 +50,17 @@ def lesson_tokenizer(path: str | Path = LESSON_TOKENIZER):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def lesson_model(num_labels: int = 2, seed: int = 0, **config_overrides):
+def lesson_model(num_labels: int = 2, seed: int = 0, *, pretrained: bool = False,
+                 **config_overrides):
     """A small BertForSequenceClassification with random weights drawn from `seed`.
 
     Its vocabulary is the shipped tokenizer's. `config_overrides` go to `BertConfig`, e.g.
     `lesson_model(num_hidden_layers=4, hidden_dropout_prob=0.0)`. The weights depend only on
     `seed`; torch's global random state is left as it was.
+
+    `pretrained=True`: the shipped warm start instead (`LESSON_PRETRAINED`), the encoder
+    trained on the lesson reviews, with a pooler and head drawn from `seed`: its loss starts
+    at ln 2, as a fresh head's does, and falls within tens of steps. Its shape is fixed.
     """
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -59,6 +68,11 @@ def lesson_model(num_labels: int = 2, seed: int = 0, **config_overrides):
         raise ValueError(f"num_labels must be a positive integer, got {num_labels!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
+    if pretrained:
+        if config_overrides:
+            raise ValueError(f"the pretrained lesson model's shape is fixed; got overrides "
+                             f"{sorted(config_overrides)} (pretrained=False takes a shape)")
+        return warm_start(LESSON_PRETRAINED, num_labels, seed)
     tokenizer = lesson_tokenizer()
     settings = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
                 **LESSON_CONFIG, "num_labels": num_labels, **config_overrides}
@@ -73,6 +87,31 @@ def lesson_model(num_labels: int = 2, seed: int = 0, **config_overrides):
         torch.manual_seed(seed)
         model = BertForSequenceClassification(config)
     return model
+
+
+def warm_start(folder: str | Path, num_labels: int = 2, seed: int = 0):
+    """A BertForSequenceClassification from a shipped warm start (`folder`, written by
+    data/make_lesson_pretrained.py: an encoder without pooler and head), fp32, with a pooler
+    and head drawn from `seed`, quietly: the fresh head is the point, not news."""
+    from transformers import BertForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    folder = Path(folder)
+    if not (folder / "model.safetensors").is_file():
+        raise ValueError(f"no warm start at {str(folder)!r}; make it with: "
+                         "python data/make_lesson_pretrained.py --help")
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # a few tensors from a local file: no bar needed
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return BertForSequenceClassification.from_pretrained(
+                folder, num_labels=num_labels, dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 class LoadWarning(UserWarning):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -22,7 +23,8 @@ from PIL import Image
 from mplab.formats import FORMATS, FloatFormat, get_format, ulp
 
 __all__ = ["FORMAT_COLORS", "new_figure", "ulp_steps", "ulp_plot", "mark_ulp", "closeup_range",
-           "MarkerPng", "scaler_timeline_plot", "loss_curves_plot"]
+           "MarkerPng", "scaler_timeline_plot", "loss_curves_plot", "learned_share",
+           "LossCurveWarning"]
 
 #: One colour per format, shared by every plot and widget that names a format.
 FORMAT_COLORS = {
@@ -293,17 +295,50 @@ def _scaler_records(history) -> list:
             for step, (s, new) in enumerate(zip(used, history.scales), 1)]
 
 
-def loss_curves_plot(results, ax=None, *, smooth: int = 10, pyplot: bool = True) -> Figure:
+class LossCurveWarning(UserWarning):
+    """A loss curve drawn from a run that has not learned: it says nothing about precision."""
+
+
+def learned_share(losses, chance: float = math.log(2)) -> float:
+    """How far a run's loss fell from `chance` (ln 2 for two classes: a head that knows
+    nothing) towards 0, as a share: the mean of its last quarter of steps (at least 3)
+    against `chance`. 0: still at chance; 1: loss 0. A curve under 1/4 has not learned yet."""
+    losses = np.asarray(losses, dtype=float)
+    if losses.size == 0:
+        return 0.0
+    tail = losses[-max(3, losses.size // 4):]
+    return float((chance - tail.mean()) / chance)
+
+
+def running_mean(values, n: int) -> np.ndarray:
+    """The mean of each value and the up to n - 1 before it: from the first step on, so a
+    smoothed curve starts where its run starts."""
+    values = np.asarray(values, dtype=float)
+    total = np.concatenate([[0.0], np.cumsum(values)])
+    ends = np.arange(1, values.size + 1)
+    starts = np.maximum(ends - n, 0)
+    return (total[ends] - total[starts]) / (ends - starts)
+
+
+def loss_curves_plot(results, ax=None, *, smooth: int = 10, chance: float = math.log(2),
+                     pyplot: bool = True) -> Figure:
     """Training losses of several runs side by side (a list or dict of
     ``mplab.train.TrainResult``): each run's per-step loss faint, its running mean over `smooth`
-    steps bold, skipped fp16 steps as crosses. A run shorter than twice `smooth` has no mean
-    worth drawing: its steps are drawn bold, as dots. Each run has its own line style, so a
-    curve lying exactly under another still shows. Returns the figure."""
+    steps bold (`running_mean`: from step 1, so runs of any length are smoothed alike and
+    equal steps give equal points), skipped fp16 steps as crosses, chance (`chance`) dotted.
+    A run shorter than twice `smooth` is marked with dots. Each run has its own line style;
+    runs with the same losses bit for bit share one line and one label ("fp32 = fp16"), so
+    none hides under another. A run whose loss has not fallen a quarter of the way from
+    `chance` (`learned_share`) is labelled so, with a LossCurveWarning: its curve shows no
+    learning to compare. Returns the figure."""
     runs = dict(results) if isinstance(results, Mapping) else {
         f"{r.precision} on {r.device}": r for r in results}
     if not runs or not all(hasattr(r, "losses") for r in runs.values()):
         raise TypeError("loss_curves_plot takes TrainResults (what mplab.train.train returns), "
                         "as a list or a dict of label -> result")
+    lines: dict[tuple, list] = {}  # the losses -> the labels and first result drawing them
+    for label, r in runs.items():
+        lines.setdefault(tuple(r.losses), []).append((label, r))
     if ax is None:
         fig = new_figure((6.5, 3.2), pyplot)
         ax = fig.subplots()
@@ -311,26 +346,40 @@ def loss_curves_plot(results, ax=None, *, smooth: int = 10, pyplot: bool = True)
     colors = {"fp32": FORMAT_COLORS["fp32"], "fp16": FORMAT_COLORS["fp16"],
               "bf16": FORMAT_COLORS["bf16"]}
     smoothed = False
-    for i, (label, r) in enumerate(runs.items()):
+    for i, same in enumerate(lines.values()):
+        label, r = same[0]
         losses = np.asarray(r.losses, dtype=float)
-        color = colors.get(getattr(r, "precision", ""), f"C{i}")
-        style = ("-", "--", ":", "-.")[i % 4]
         if losses.size == 0:
             continue
+        if len(same) > 1:
+            label = " = ".join(name for name, _ in same) + " (same losses, bit for bit)"
+        if learned_share(losses, chance) < 0.25:
+            label += ": not learning yet"
+            warnings.warn(f"{label.split(': not')[0]}: after {losses.size} steps its loss is "
+                          f"still near chance ({chance:.3f}): its curve shows no learning to "
+                          "compare (train longer, or from a pretrained model)",
+                          LossCurveWarning, stacklevel=2)
+        color = colors.get(getattr(r, "precision", ""), f"C{i}")
+        style = ("-", "--", ":", "-.")[i % 4]
         steps = np.arange(1, losses.size + 1)
-        if smooth > 1 and losses.size >= 2 * smooth:
+        marker = "o" if losses.size < 2 * smooth else None  # a short run's steps, as dots
+        if smooth > 1:
             ax.plot(steps, losses, color=color, alpha=0.25, lw=0.8)
-            mean = np.convolve(losses, np.ones(smooth) / smooth, mode="valid")
-            ax.plot(steps[smooth - 1:], mean, color=color, lw=2, ls=style, label=label)
+            ax.plot(steps, running_mean(losses, smooth), color=color, lw=2, ls=style,
+                    marker=marker, ms=4, label=label)
             smoothed = True
         else:
-            ax.plot(steps, losses, color=color, lw=2, ls=style, marker="o", ms=4, label=label)
+            ax.plot(steps, losses, color=color, lw=2, ls=style, marker=marker, ms=4, label=label)
         skipped = [s for s in getattr(r, "skipped_steps", []) if 1 <= s <= losses.size]
         if skipped:
             ax.plot(skipped, losses[np.asarray(skipped) - 1], "x", color="#b00020", ms=6)
+    ax.axhline(chance, color="0.5", lw=0.8, ls=":", label=(
+        f"chance: ln 2 = {chance:.3f}" if math.isclose(chance, math.log(2))
+        else f"chance: {chance:.3f}"))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss")
-    ax.set_title("Training loss" + (f" (bold: mean of {smooth} steps)" if smoothed else ""),
+    ax.set_title("Training loss" + (f" (faint: each step; bold: mean of the last {smooth})"
+                                    if smoothed else ""),
                  fontsize=10)
     ax.grid(True, alpha=0.25)
     if ax.get_legend_handles_labels()[0]:

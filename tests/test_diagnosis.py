@@ -100,7 +100,7 @@ def test_the_t5_like_model_overflows_fp16_exactly_where_torch_casts_to_inf():
     model = lab.lab_model()
     batch = next(lab.lab_batches(1))
     before = lab.grow_feed_forward(model, batch, largest=1e5)
-    assert before < 1  # the lab model's own outputs are small
+    assert before < 65504 / 1000  # the lab model's own outputs are far below fp16's max
     seen = []
     model.bert.encoder.layer[0].output.dense.register_forward_hook(
         lambda m, a, out: seen.append(out))
@@ -157,7 +157,7 @@ def test_the_scaler_calls_are_counted_per_iteration():
 
 @pytest.mark.slow
 def test_pure_bf16_and_its_fixes_side_by_side():
-    table = lab.compare_bf16_fixes(steps=20)  # lesson 7 runs 40; 20 already part them
+    table = lab.compare_bf16_fixes(steps=20)  # lesson 7 runs 80; 20 already part them
     rows = {r["fix"]: r for r in table.rows}
     assert rows["fp32_master"]["distance from fp32 master"] == 0
     assert rows["fp32_master"]["weights unchanged per step"] == 0

@@ -110,6 +110,10 @@ def test_lesson_as_shipped_is_not_attempted_and_its_key_earns_full_marks(path, t
         assert row["attempts"] == ["not attempted", "passed"], row
     assert not report["problems"], report["problems"]  # every other cell ran cleanly
     assert report["total"] == report["max"], report["exercises"]
-    assert rendered_widget_views(nbformat.read(tmp_path / "ran.ipynb", 4))
+    ran = nbformat.read(tmp_path / "ran.ipynb", 4)
+    assert rendered_widget_views(ran)
+    said = "".join(o.get("text", "") for c in ran.cells if c.cell_type == "code"
+                   for o in c.outputs if o.output_type == "stream")
+    assert "LossCurveWarning" not in said  # every loss curve drawn shows learning
     # The budget is 60 s on 2 idle cores; benchmarks/bench_lessons.py measures it alone.
     print(f"\n{path.stem}: top to bottom, starters and key, in {report['elapsed_s']:g} s")

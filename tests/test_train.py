@@ -336,6 +336,8 @@ def test_versus_compares_a_run_with_its_fp32_twin_over_the_steps_both_trained():
     assert out["speedup"] == 1.5 and out["memory_ratio"] == 0.8
     assert out["steps_compared"] == (2, 3)
     assert out["loss_change"] == pytest.approx((3.3 / 2 - 3.0 / 2) / (3.0 / 2))
+    assert out["largest_gap"] == pytest.approx(0.2) and out["gap_step"] == 2  # over all 3 steps
+    assert fp32.versus(fp32)["largest_gap"] == 0.0
     with pytest.raises(TypeError, match="another TrainResult"):
         fp32.versus({"losses": []})
 

@@ -42,7 +42,9 @@ def train(config: TrainConfig | None = None, *, model=None, tokenizer=None, on_s
     """Train and return the run's `TrainResult`.
 
     Give a `TrainConfig`, or its fields as keywords (`precision="fp16", steps=100, ...`).
-    `model`: "lesson" (default), "minilm" (the packaged pretrained encoder), a hub name or
+    `model`: "lesson" (default: random weights), "lesson-pretrained" (its shipped trained
+    encoder with a fresh head: learns in tens of steps), "minilm" (the packaged pretrained
+    encoder), a hub name or
     saved folder (through `mplab.models.load_pretrained`, fp32 weights), or a
     `torch.nn.Module` to train in place (with its
     `tokenizer`; the lesson tokenizer if none). `on_step(step, result)` is called after every

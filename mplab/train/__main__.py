@@ -26,7 +26,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=d.device, help="auto, cpu or cuda")
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps")
     p.add_argument("--model", default=d.model,
-                   help="'lesson' (the 324k-parameter lesson BERT), 'minilm' (the packaged "
+                   help="'lesson' (the 324k-parameter lesson BERT, random weights), "
+                        "'lesson-pretrained' (its shipped trained encoder, a fresh head), "
+                        "'minilm' (the packaged "
                         "22.7M-parameter all-MiniLM-L6-v2), a hub name or a folder written by "
                         "save_pretrained()")
     p.add_argument("--dataset", default=d.dataset)

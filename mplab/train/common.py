@@ -150,9 +150,10 @@ def load_model(config: TrainConfig, num_labels: int, model=None, tokenizer=None)
             raise ValueError(f"model must be a torch.nn.Module, 'lesson', or a hub name / saved "
                              f"folder; got {type(model).__name__}")
         return model, tokenizer or models.lesson_tokenizer(), type(model).__name__
-    if config.model == "lesson":
-        return (models.lesson_model(num_labels, seed=config.seed), models.lesson_tokenizer(),
-                "lesson")
+    if config.model in ("lesson", "lesson-pretrained"):
+        pretrained = config.model == "lesson-pretrained"
+        return (models.lesson_model(num_labels, seed=config.seed, pretrained=pretrained),
+                models.lesson_tokenizer(), config.model)
     where = models.minilm_path() if config.model == "minilm" else config.model
     loaded, loaded_tokenizer = models.load_pretrained(where, num_labels=num_labels)
     return loaded, tokenizer or loaded_tokenizer, config.model

@@ -26,7 +26,7 @@ class TrainConfig:
     path: str = "torch"
     precision: str = "fp32"
     device: str = "auto"
-    model: str = "lesson"              # "lesson", "minilm" (packaged) or a hub name / folder
+    model: str = "lesson"              # "lesson", "lesson-pretrained", "minilm" or hub / folder
     dataset: str = "sentiment"
     steps: int = 600                   # optimizer steps
     batch_size: int = 32
@@ -116,8 +116,8 @@ class TrainConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.model, str) or not self.model.strip():
-            raise ValueError(f"model must be 'lesson', 'minilm' or a hub name / saved folder, got "
-                             f"{self.model!r}")
+            raise ValueError(f"model must be 'lesson', 'lesson-pretrained', 'minilm' or a hub "
+                             f"name / saved folder, got {self.model!r}")
 
     @property
     def scaler_settings(self) -> dict:

@@ -136,13 +136,16 @@ class TrainResult:
         """How this run compares with `baseline` (its fp32 twin): `speedup` (samples/s
         ratio, > 1 is faster), `loss_change` (the relative change of the mean loss over the
         `last` steps both runs trained, e.g. +0.002 is 0.2 % higher), `memory_ratio` (peak
-        memory, this / baseline) and the steps compared."""
+        memory, this / baseline), the steps compared, and `largest_gap` (the largest
+        difference of the two losses at any step both trained; 0.0 when they are equal bit for
+        bit) at `gap_step` (counting from 1)."""
         if not isinstance(baseline, TrainResult):
             raise TypeError(f"versus() takes another TrainResult, got {type(baseline).__name__}")
         k = min(len(self.losses), len(baseline.losses))
         n = min(last, k)
         ours = sum(self.losses[k - n:k]) / n if n else math.nan
         theirs = sum(baseline.losses[k - n:k]) / n if n else math.nan
+        gaps = [abs(a - b) for a, b in zip(self.losses[:k], baseline.losses[:k])]
         return {
             "speedup": (self.samples_per_s / baseline.samples_per_s
                         if baseline.samples_per_s else math.nan),
@@ -150,6 +153,8 @@ class TrainResult:
             "memory_ratio": (self.peak_memory_bytes / baseline.peak_memory_bytes
                              if baseline.peak_memory_bytes else math.nan),
             "steps_compared": (k - n + 1, k) if n else None,
+            "largest_gap": max(gaps) if gaps else math.nan,
+            "gap_step": gaps.index(max(gaps)) + 1 if gaps else None,
         }
 
     def summary(self) -> Table:

@@ -120,7 +120,7 @@ class TrainingPanel(StaticView, widgets.VBox):
         def on_step(step, result):
             self.progress.value = step
             if step % every == 0 and step < steps:
-                self.plot.value = png(plots.loss_curves_plot(self._runs(result), pyplot=False))
+                self.plot.value = self._figure(result)
 
         try:
             with warnings.catch_warnings():  # the panel shows them in its message instead
@@ -143,14 +143,18 @@ class TrainingPanel(StaticView, widgets.VBox):
         return {f"{i + 1}: {r.path}, {r.precision} on {r.device}": r
                 for i, r in enumerate(runs)}
 
+    def _figure(self, current: TrainResult | None = None) -> bytes:
+        with warnings.catch_warnings():  # a run not learning yet is labelled so in the plot
+            warnings.simplefilter("ignore", plots.LossCurveWarning)
+            return png(plots.loss_curves_plot(self._runs(current), pyplot=False))
+
     @guarded
     def _clear(self) -> None:
         self.results = []
         self._render()
 
     def _render(self) -> None:
-        self.plot.value = png(plots.loss_curves_plot(self._runs(), pyplot=False)) if (
-            self.results) else b""
+        self.plot.value = self._figure() if self.results else b""
         self.rows = comparison(self.results)
         self.table.value = _table_html(self.rows)
 
