@@ -277,14 +277,14 @@ def accumulation_error() -> str:
     return "no error"
 
 
-def fp16_ignored(fix=None, steps=10, path="accelerate") -> TrainResult:
+def fp16_ignored(fix=None, steps=12, path="accelerate") -> TrainResult:
     """`Accelerator(mixed_precision="fp16")` (or `TrainingArguments(fp16=True)`) on a CPU:
     no autocast and no scaler are built, and nothing says so."""
     precision = ("bf16" if has_units("bf16") else "fp32") if fix == "supported" else "fp16"
     return _train(lab_model(), path=path, precision=precision, steps=steps, device="cpu")
 
 
-def no_units(fix=None, steps=10) -> TrainResult:
+def no_units(fix=None, steps=12) -> TrainResult:
     """Low-precision autocast on a CPU without units for it: correct, and slow. fp16 where
     the CPU has no fp16 units (most CPUs), else bf16 where it has none for bf16."""
     missing = next((p for p in ("fp16", "bf16") if not has_units(p)), None)
@@ -304,7 +304,7 @@ def scaler_bypassed(fix=None, steps=20, device="auto") -> TrainResult:
     being m / sqrt(v), which hides the bug until an inf gradient poisons its states.)"""
     device = resolve_device(device)
     model = lab_model().to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.03)
     autocast = _autocast("fp16", device)
     scaler = torch.amp.GradScaler(device.type)
     with Recorder(model, optimizer, scaler=scaler, autocast=autocast) as rec:
@@ -421,7 +421,7 @@ def stalled(fix=None, steps=100, device="auto") -> TrainResult:
         return rec.finish()
 
 
-def pure_bf16(fix=None, steps=40, device="auto", lr=LR / 10) -> TrainResult:
+def pure_bf16(fix=None, steps=80, device="auto", lr=LR / 10) -> TrainResult:
     """Weights in bf16 (a bf16 checkpoint loaded as saved, transformers 5's default, or
     model.to(torch.bfloat16)) and AdamW's states with them: updates smaller than half a
     bf16 ulp of their weight are rounded away."""

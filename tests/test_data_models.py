@@ -270,11 +270,11 @@ def test_the_warm_start_is_the_shipped_encoder_with_a_head_drawn_from_the_seed()
         models.lesson_model(pretrained=True, hidden_size=64)
 
 
-@pytest.mark.parametrize("precision, steps", [("fp32", 12), ("fp32", 100), ("bf16", 12),
-                                              ("fp16", 12)])
-def test_a_lesson_run_from_the_warm_start_starts_at_chance_and_learns(precision, steps):
-    """Lesson 4's settings: 100 steps where the CPU has units for the precision, 12 where it
-    has not; both start near ln 2 and fall at least a quarter of the way to 0."""
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_a_lesson_run_from_the_warm_start_starts_at_chance_and_learns(precision):
+    """Lesson 4's settings at the fewest steps a lesson runs (12, for a precision the CPU has
+    no units for; 100 elsewhere): the loss starts near ln 2 and falls at least a quarter of
+    the way to 0. (The lab's runs are held to it in test_diagnosis.)"""
     import math
     import warnings
 
@@ -283,16 +283,9 @@ def test_a_lesson_run_from_the_warm_start_starts_at_chance_and_learns(precision,
 
     with warnings.catch_warnings():  # "bf16 on this CPU is slow", where it has no units
         warnings.simplefilter("ignore", TrainWarning)
-        result = train(model="lesson-pretrained", precision=precision, steps=steps, lr=1e-3,
+        result = train(model="lesson-pretrained", precision=precision, steps=12, lr=1e-3,
                        warmup_steps=5, schedule="constant", eval_samples=0, progress=False,
                        device="cpu")
     assert result.losses[0] == pytest.approx(math.log(2), abs=0.05)
     assert learned_share(result.losses) >= 0.25, result.losses
 
-
-def test_a_healthy_lab_run_learns_and_a_stalled_one_does_not():
-    from mplab import lab
-    from mplab.plots import learned_share
-
-    assert learned_share(lab.run("no_scaler", fix="scaler").losses) >= 0.25
-    assert learned_share(lab.run("stalled").losses) < 0.05

@@ -14,6 +14,7 @@ import torch
 import mplab
 from mplab import lab
 from mplab.diagnosis import CAUSES, Diagnosis, diagnose
+from mplab.plots import learned_share
 from mplab.train import NonFiniteLossError, Recorder, TrainResult, train
 from mplab.train.watch import ScalerCalls, StepWatch
 
@@ -60,7 +61,10 @@ def test_diagnose_names_each_lab_failure_and_not_after_its_fix(name):
         assert broken.cause == name, broken
     notes = dict(failure.fix_causes)
     for fix in dict.fromkeys((failure.fixes[0], *notes)):  # the lesson's fix, and each note's
-        fixed = diagnose(lab_run(name, fix))
+        run = lab_run(name, fix)
+        if fix == failure.fixes[0]:  # the lab plots it beside the broken run: it learns
+            assert learned_share(run.losses) >= 0.25, (fix, run.losses)
+        fixed = diagnose(run)
         assert failure.fixed_in(fixed) and name not in fixed, (fix, fixed)
         assert not any(f.severity == "broken" for f in fixed.findings), (fix, fixed)
         if fix in notes:
