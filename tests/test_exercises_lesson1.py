@@ -2,7 +2,10 @@
 feedback a learner's likely mistakes get (the concept missed, never the answer)."""
 
 import math
+import re
+from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 from conftest import failed_saying
@@ -56,6 +59,47 @@ def test_1_5_task_gives_the_signature_and_every_case_to_cover():
     assert "`decode(bits, exp_bits, man_bits, bias)`" in prompt
     for case in ["normal", "subnormal", "-0.0", "infinities", "NaN"]:
         assert case in prompt
+
+
+# --- what the lesson shows before each exercise -----------------------------------------------
+
+NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "01_float_formats.ipynb"
+
+
+def _shown_before(xid: str) -> str:
+    """The source of every cell above exercise xid's task cell: what a learner has read (and
+    run) before the exercise."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    at = next(i for i, c in enumerate(nb.cells)
+              if c.metadata.get("mplab", {}).get("exercise") == xid)
+    return "\n".join(c.source for c in nb.cells[:at - 1])
+
+
+@pytest.mark.parametrize("xid, answer", [("1.2", F.FP16.max_finite),
+                                         ("1.3", F.FP16.min_subnormal)])
+def test_1_2_and_1_3_answers_are_not_on_the_page_before_them(xid, answer):
+    shown, value = _shown_before(xid), float(answer)
+    forms = {f"{value:g}", f"{value:.3g}", f"{value:.2g}", f"{value:.1g}",
+             f"2**{math.log2(value):.0f}", f"2^{math.log2(value):.0f}"}
+    forms |= {form.replace("e-0", "e-") for form in forms}
+    for form in forms:
+        assert form not in shown and form not in ex.EXERCISES[xid].prompt, form
+    # nor a call that prints fp16's range: the range table, finfo, the range landmarks
+    for call in ("format_table(", "finfo", "max_finite", "min_subnormal", "min_normal"):
+        assert call not in shown, f"{call} runs before exercise {xid} and prints its answer"
+
+
+def test_the_lesson_explains_the_special_exponent_fields_before_the_exercises_need_them():
+    shown = _shown_before("1.1")
+    for rule in ["1 − bias", "infinity", "NaN", "e4m3fn", "binade"]:
+        assert rule in shown, rule
+
+
+def test_1_4_numbers_are_not_in_any_table_or_text_before_it():
+    shown = _shown_before("1.4")
+    for x in ex.NUMBERS_1_4:
+        for form in {repr(x), f"{x:g}", f"{x:g}".replace("e-0", "e-")}:
+            assert not re.search(rf"(?<![\d.]){re.escape(form)}(?![\d])", shown), form
 
 
 # --- 1.1 decode a pattern by hand -------------------------------------------------------------
@@ -182,6 +226,17 @@ def test_1_5_hidden_checks_catch_a_decoder_that_only_knows_fp16(monkeypatch):
     monkeypatch.setenv("MPLAB_GRADING", "1")
     result = ex.check("1.5", fp16_only_decode)
     failed_saying(result, "hidden check")
+
+
+def test_1_5_checks_only_the_ieee_style_formats_its_task_names():
+    prompt = ex.EXERCISES["1.5"].prompt
+    for name, _ in ex.PUBLIC_1_5 + ex._hidden_patterns():
+        assert F.get_format(name).has_inf and name in prompt, name
+    no_inf = [f for f in F.FORMATS.values() if not f.has_inf]
+    assert no_inf and all(f"not `{f.name}`" in prompt for f in no_inf)
+    # the exclusion is real: e4m3's all-ones exponent holds numbers an IEEE decoder reads as inf
+    assert F.from_bits(0b0_1111_000, "fp8_e4m3") == 256.0
+    assert F.kind_of(0b0_1111_000, "fp8_e4m3") == "normal"
 
 
 def _without(case):

@@ -149,7 +149,10 @@ def _check_1_3(answer) -> str | None:
 
 # --- 1.4 range vs precision: fp16 or bf16? ----------------------------------------------------
 
-NUMBERS_1_4 = (0.1, 300.3, 1e-06, 1e-08, 70000.0)
+# None of these is in the lesson's compare() table above the exercise: the learner reasons each
+# one out (range first, then precision) rather than reading it off. 60000 is the trap: large,
+# yet inside fp16's range, where fp16's 10 mantissa bits hold it exactly.
+NUMBERS_1_4 = (300.3, 60000.0, 1e-06, 3e-09, 123456.0)
 CHOICES = ("fp16", "bf16")
 
 
@@ -277,6 +280,13 @@ def _hidden_1_5(decode) -> str | None:
 
 # --- the exercises ----------------------------------------------------------------------------
 
+# The formats the prompt names, from the formats themselves (tf32 is a matmul mode, no dtype).
+_IEEE = [f.name for f in FORMATS.values() if f.has_inf and f.dtype() is not None]
+_IEEE_1_5 = ", ".join(_IEEE[:-1]) + " and " + _IEEE[-1]
+_NOT_IEEE_1_5 = " or ".join(f"`{f.name}` (torch's {f.torch_dtype}, section 2)"
+                            for f in FORMATS.values() if not f.has_inf)
+_PUBLIC_NAMES_1_5 = " and ".join(name for name, _ in PUBLIC_1_5)
+_HIDDEN_NAMES_1_5 = " and ".join(name for name, _ in _hidden_patterns())
 _DICT_1_4 = "{" + ", ".join(f"{x!r}: ..." for x in NUMBERS_1_4) + "}"
 _ANSWER_1_4 = "{" + ", ".join(f'{x!r}: "{better_format(x)}"' for x in NUMBERS_1_4) + "}"
 
@@ -303,10 +313,10 @@ EXERCISES = {e.id: e for e in [
         )),
     Exercise(
         id="1.2", title="fp16's largest finite value",
-        prompt="A long-lived documentation page of a popular library says fp16's largest "
-               "value is 65535. Work out the real largest finite fp16 value from its fields (5 "
-               "exponent bits, 10 mantissa bits, bias 15), remembering which exponent pattern "
-               "is reserved, and give the exact value.",
+        prompt="65535, the largest 16-bit unsigned integer, is a common wrong guess for fp16's "
+               "largest value. Work out the real largest finite fp16 value from its fields (5 "
+               "exponent bits, 10 mantissa bits, bias 15), remembering which exponent field is "
+               "reserved (section 2), and give the exact value.",
         comment="fp16's largest finite value, from its fields (exact)",
         body="answer = ...  # a number",
         key="# exponent 11111 is reserved for inf/NaN, so the largest is 0 11110 1111111111\n"
@@ -365,12 +375,16 @@ EXERCISES = {e.id: e for e in [
     Exercise(
         id="1.5", title="A general decoder", points=2,
         prompt="Write `decode(bits, exp_bits, man_bits, bias)`: the value, as a float, of the "
-               "bit pattern `bits` (an int) in any IEEE-style format with `exp_bits` exponent "
+               "bit pattern `bits` (an int) in an IEEE-style format with `exp_bits` exponent "
                "bits, `man_bits` mantissa bits and that `bias`; fp16's 1.0 is "
-               "`decode(0x3C00, 5, 10, 15)`. Cover every case: normal numbers, subnormals, "
-               "zeros with their sign (`-0.0`), infinities and NaN. The check compares it with "
-               "`mplab.formats.from_bits` on fp16 patterns; the grader tries more formats.",
-        comment="decode any IEEE-style pattern (normals, subnormals, +-0, +-inf, NaN)",
+               "`decode(0x3C00, 5, 10, 15)`. IEEE-style: the all-ones exponent field holds no "
+               "numbers (mantissa 0 is an infinity, any other mantissa NaN), as in "
+               + _IEEE_1_5 + "; not " + _NOT_IEEE_1_5 + ", whose all-ones exponent holds "
+               "numbers. Cover every case: normal numbers, subnormals, zeros with their "
+               "sign (`-0.0`), infinities and NaN. The check compares it with "
+               "`mplab.formats.from_bits` on " + _PUBLIC_NAMES_1_5 + " patterns; the grader "
+               "also tries " + _HIDDEN_NAMES_1_5 + ".",
+        comment="decode an IEEE-style pattern (normals, subnormals, +-0, +-inf, NaN)",
         body="def decode(bits, exp_bits, man_bits, bias):\n"
              "    return ...  # the value, as a float",
         key="def decode(bits, exp_bits, man_bits, bias):\n"
