@@ -3,6 +3,7 @@
     cap = capture(model, batch)                   # one fp32 forward + backward, with hooks
     cap.table("fp16", 2**10, "activation_grads")  # what a cast would do to each layer's values
     cap.magnitudes("activation_grads")            # sorted once, for any format and scale
+    cap.repeats("activation_grads")               # tensors that are another's, or its sum
 
 These are the values a cast to fp16 or bf16 would hit in a real step, kept as fp32 copies so
 that :mod:`mplab.casts` can count what any format and loss scale would do to them.
@@ -18,7 +19,7 @@ from torch import nn
 
 from mplab._display import Table
 from mplab.casts import CastStats, Magnitudes, as_scale, combined, scale_text, storage_format
-from mplab.histograms import DEFAULT_BINS, ExponentHistogram, exponent_histogram
+from mplab.histograms import ExponentHistogram, data_bins, exponent_histogram
 
 __all__ = ["KINDS", "Capture", "capture"]
 
@@ -135,15 +136,20 @@ class Capture:
         return {n: m.stats(precision, scale, rel_error=rel_error)
                 for n, m in self.magnitudes(kind).items()}
 
-    def histograms(self, kind: str = "weight_grads", bins=DEFAULT_BINS
+    def histograms(self, kind: str = "weight_grads", bins=None
                    ) -> dict[str, ExponentHistogram]:
-        """name -> :class:`~mplab.histograms.ExponentHistogram` of log2|x|."""
-        return {n: exponent_histogram(m, bins) for n, m in self.magnitudes(kind).items()}
+        """name -> :class:`~mplab.histograms.ExponentHistogram` of log2|x|, all on the same bins
+        (they add up): by default the :func:`~mplab.histograms.data_bins` of the whole kind."""
+        mags = self.magnitudes(kind)
+        bins = data_bins(list(mags.values())) if bins is None else bins
+        return {n: exponent_histogram(m, bins) for n, m in mags.items()}
 
     def table(self, precision="fp16", scale=1.0, kind: str = "weight_grads", *,
               rel_error: bool = True) -> Table:
-        """One row per tensor, and a last row "(all)": fractions of its values that are zero,
-        underflow, land subnormal, overflow; relative error of the rest; largest |x|."""
+        """One row per tensor, and a last row "(all)": the share of its values that were 0
+        already, and of its nonzero values the shares lost to 0, landing subnormal and
+        overflowing (:meth:`~mplab.casts.CastStats.row`); relative error of the rest;
+        largest |x|."""
         f = storage_format(precision)
         s = as_scale(scale)
         stats = self.stats(f, s, kind, rel_error=rel_error)
@@ -151,7 +157,31 @@ class Capture:
         rows.append({"name": "(all)", "type": "", **combined(list(stats.values()), f, s).row()})
         to = {"inf": "±inf", "saturate": "±max", "nan": "NaN"}[f.overflow]
         return Table(rows, title=f"{kind} cast to {f.name} at scale {scale_text(s)} "
-                                 f"(fractions of each tensor's values; overflow → {to})")
+                                 f"(each share names its denominator; overflow → {to})")
+
+    def repeats(self, kind: str = "activation_grads") -> Table:
+        """The tensors of one kind that carry no values of their own: each row is a tensor
+        that equals an earlier one bit for bit ("identical"), or equals an earlier one summed
+        over the dimensions where it has size 1 and the earlier one does not (a tensor that
+        was broadcast in the forward pass gets its gradient summed over those dimensions).
+
+        In a BERT embedding layer, for example, the word, token-type and position embeddings
+        are added together, so each receives the sum's gradient; the position embeddings,
+        one row per position shared by the whole batch, receive it summed over the batch.
+        Rows: name, shape, values, "same as" (the earlier tensor), how.
+        """
+        tensors = self.tensors(kind)
+        names = list(tensors)
+        rows = []
+        for j, name in enumerate(names):
+            t = tensors[name]
+            for earlier in names[:j]:
+                how = _repeat_of(tensors[earlier], t)
+                if how:
+                    rows.append({"name": name, "shape": tuple(t.shape), "values": t.numel(),
+                                 "same as": earlier, "how": how})
+                    break
+        return Table(rows, title=f"{kind} that repeat an earlier tensor's values")
 
     def type_of(self, name: str, kind: str) -> str:
         """The class name of the module a recorded tensor belongs to ("Linear", ...): for
@@ -164,6 +194,24 @@ class Capture:
         return (f"Capture(loss={self.loss:.6g}; {len(self.activations)} activations, "
                 f"{len(self.activation_grads)} activation grads, {len(self.weight_grads)} weight "
                 f"grads; {n:,} values)")
+
+
+def _repeat_of(a: torch.Tensor, b: torch.Tensor) -> str:
+    """How b repeats a: "identical", "a summed over dim 0 (32 → 1)", or "" (it does not)."""
+    if a.shape == b.shape:
+        return "identical" if b.numel() and torch.equal(a, b) else ""
+    if a.dim() != b.dim() or not b.numel():
+        return ""
+    dims = [d for d, (m, n) in enumerate(zip(a.shape, b.shape)) if n == 1 and m > 1]
+    if not dims or any(m != n for d, (m, n) in enumerate(zip(a.shape, b.shape)) if d not in dims):
+        return ""
+    total = a.double().sum(dim=dims, keepdim=True)
+    # autograd sums in fp32 in its own order: equal up to that rounding, not bit for bit
+    tol = 1e-5 * float(total.abs().max()) + 1e-30
+    if not bool(((total - b.double()).abs() <= tol).all()):
+        return ""
+    what = ", ".join(f"dim {d} ({a.shape[d]} → 1)" for d in dims)
+    return f"summed over {what}"
 
 
 def capture(model: nn.Module, batch, loss_fn=None, layers=None) -> Capture:

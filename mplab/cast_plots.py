@@ -1,11 +1,12 @@
 """Lesson 2's figures: what a cast does to a tensor's values.
 
     exponent_histogram_plot(cap.magnitudes("activation_grads"), "fp16", 2**10)
-    scale_sweep_plot(scale_sweep(mags, "fp16"))
+    scale_sweep_plot(scale_sweep(mags, "fp16"), underflow_tol=0.05)
     swamping_plot(swamping_run(1.0, 1e-4, 1000, "fp16"))
 
 Where the values land among a format's bands (flushed to 0, subnormal, normal, overflow) at a
 loss scale, what every scale from 2^0 to 2^24 loses, and the updates a narrow weight drops.
+Every share drawn or written is of the nonzero values (zeros lose nothing), as in the tables.
 Every number drawn is computed by :mod:`mplab.casts`, :mod:`mplab.histograms` and
 :mod:`mplab.failures`; the colours of the formats are :data:`mplab.plots.FORMAT_COLORS`.
 """
@@ -23,7 +24,7 @@ from matplotlib.patches import Rectangle, StepPatch
 from mplab.casts import Magnitudes, as_scale, good_scale_window
 from mplab.failures import SwampRun
 from mplab.formats import get_format
-from mplab.histograms import DEFAULT_BINS, ExponentHistogram, exponent_histogram, format_bands
+from mplab.histograms import ExponentHistogram, data_bins, exponent_histogram, format_bands
 from mplab.plots import FORMAT_COLORS, new_figure
 
 __all__ = ["BAND_COLORS", "exponent_histogram_plot", "scale_sweep_plot", "swamping_plot"]
@@ -54,11 +55,12 @@ def _histograms(values, bins) -> tuple[dict, list | None]:
     if all(isinstance(v, ExponentHistogram) for v in items.values()):
         return items, None
     mags = {k: v if isinstance(v, Magnitudes) else Magnitudes(v) for k, v in items.items()}
+    bins = data_bins(list(mags.values())) if bins is None else bins  # one set: they add up
     return {k: exponent_histogram(m, bins) for k, m in mags.items()}, list(mags.values())
 
 
 def exponent_histogram_plot(values, precision="fp16", scale=1.0, ax=None, *,
-                            bins=DEFAULT_BINS, xlim=None, title=None,
+                            bins=None, xlim=None, title=None,
                             pyplot: bool = True) -> Figure:
     """Histogram of log2|x · scale| with the format's bands shaded: flushed to 0, subnormal,
     normal, overflow (:func:`mplab.histograms.format_bands`).
@@ -67,7 +69,11 @@ def exponent_histogram_plot(values, precision="fp16", scale=1.0, ax=None, *,
     :class:`~mplab.casts.Magnitudes` (sorted once: redrawing for a new scale then only
     shifts the bins) or :class:`~mplab.histograms.ExponentHistogram`. A scale of 2^k moves every
     value k binades right; the unscaled total stays as a dashed outline, and a box gives the
-    exact fractions a real cast would flush and overflow (not for bare histograms).
+    exact shares of the nonzero values a real cast would flush, leave subnormal and overflow
+    (not for bare histograms).
+    bins: integer log2 edges; None (the default) for the bins that hold every value
+    (:func:`mplab.histograms.data_bins`), so the axis reaches the smallest and the largest.
+    Values outside given bins are not drawn, and the legend counts them.
     xlim: (lo, hi) in log2 units; fix it to keep the axis still while the scale changes.
     ax: draw there; otherwise a new figure (made by pyplot unless ``pyplot=False``).
     Returns the figure.
@@ -146,13 +152,17 @@ def exponent_histogram_plot(values, precision="fp16", scale=1.0, ax=None, *,
         under, sub, over = (sum(getattr(x, k) for x in st)
                             for k in ("underflow", "subnormal", "overflow"))
         pct = (lambda n: f"{100 * n / nonzero:.3g} %") if nonzero else (lambda n: "–")
-        text = (f"of {nonzero:,} nonzero values:\nflushed to 0  {pct(under)}\n"
+        text = (f"of the {nonzero:,} nonzero values:\nlost to 0  {pct(under)}\n"
                 f"subnormal  {pct(sub)}\noverflow  {pct(over)}")
         ax.text(1.02, 0.02, text, transform=ax.transAxes, fontsize=8, va="bottom",
                 gid="cast-summary")
     labels = [h.get_label() for h in handles]
     if len(hists) > _MAX_LAYER_LINES:
         labels[-1] = f"all {len(hists)} layers"
+    outside = total.below + total.above
+    if outside:  # only with bins given: the default bins hold every value
+        handles.append(Rectangle((0, 0), 0, 0, visible=False))
+        labels.append(f"{outside:,} values outside\nthe bins, not drawn")
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
               frameon=False)
     return ax.figure
@@ -168,35 +178,50 @@ def _scale_label(s: float) -> str:
     return f"2^{k:g}" if k == int(k) else f"{s:g}"
 
 
-def scale_sweep_plot(sweep, ax=None, *, window=None, pyplot: bool = True) -> Figure:
-    """Underflow and overflow fractions of a :func:`mplab.casts.scale_sweep` against log2
-    of the scale, with the good window (from :func:`mplab.casts.good_scale_window`, or the
-    (lo, hi) given) shaded. The y axis is linear up to 10^-6 and logarithmic above, so that
-    a handful of overflowing values shows. Returns the figure."""
+def scale_sweep_plot(sweep, ax=None, *, underflow_tol: float = 1e-3, overflow_tol: float = 0.0,
+                     pyplot: bool = True) -> Figure:
+    """The shares of the nonzero values lost to 0 and overflowing in a
+    :func:`mplab.casts.scale_sweep`, against log2 of the scale, with the good window shaded:
+    the scales that lose at most underflow_tol and overflow at most overflow_tol of the same
+    nonzero values (:func:`mplab.casts.good_scale_window`, computed here so that the curve
+    and the window share one denominator). The y axis is linear up to 10^-6 and logarithmic
+    above, so that a handful of overflowing values shows. Returns the figure."""
     rows = list(sweep)
     if not rows:
         raise ValueError("the sweep is empty; pass what mplab.casts.scale_sweep returns")
-    window = good_scale_window(rows) if window is None else window
+    window = good_scale_window(rows, underflow_tol, overflow_tol)
     if ax is None:
         fig = new_figure((6.5, 3.2), pyplot)
         ax = fig.subplots()
         fig.subplots_adjust(left=0.12, right=0.97, bottom=0.16, top=0.88)
     k = [math.log2(r["scale"]) for r in rows]
-    ax.plot(k, [r["underflow"] for r in rows], "o-", ms=3, color="#4c78a8",
-            label="underflow (→ 0)")
-    ax.plot(k, [r["overflow"] for r in rows], "s-", ms=3, color="#e45756", label="overflow")
+    ax.plot(k, [r["lost (of nonzero)"] for r in rows], "o-", ms=3, color="#4c78a8",
+            label="lost to 0", gid="sweep-lost")
+    ax.plot(k, [r["overflow (of nonzero)"] for r in rows], "s-", ms=3, color="#e45756",
+            label="overflow", gid="sweep-overflow")
+    if underflow_tol > 0:  # the tolerance the window is read against, on the same axis
+        ax.axhline(underflow_tol, color="#4c78a8", lw=0.8, ls=":", gid="sweep-tol")
+    over = "no overflow" if overflow_tol == 0 else f"overflow ≤ {_share(overflow_tol)}"
     if window:
         ax.axvspan(math.log2(window[0]), math.log2(window[1]), color=BAND_COLORS["normal"],
-                   alpha=0.35, lw=0, label="good scales")
+                   alpha=0.35, lw=0, gid="sweep-window",
+                   label=f"good scales: lost ≤ {_share(underflow_tol)}, {over}")
     ax.set_xlabel("log2 scale")
-    ax.set_ylabel("fraction of all values")
+    ax.set_ylabel("share of the nonzero values")
     ax.set_yscale("symlog", linthresh=1e-6)
     ax.set_ylim(0, 1)
     ax.set_title(sweep.title if hasattr(sweep, "title") and sweep.title else "Scale sweep",
                  fontsize=10)
     ax.grid(True, alpha=0.25)
     ax.legend(fontsize=8)
+    if not window:
+        ax.text(0.5, 0.5, f"no scale loses ≤ {_share(underflow_tol)} with {over}",
+                transform=ax.transAxes, ha="center", fontsize=9, gid="sweep-no-window")
     return ax.figure
+
+
+def _share(x: float) -> str:
+    return f"{100 * x:.3g} %"
 
 
 def swamping_plot(run, ax=None, *, pyplot: bool = True) -> Figure:

@@ -3,7 +3,8 @@
     st = cast_stats(grad, "fp16", scale=2**10)    # counts: zero, underflow, subnormal, ...
     st.lost_frac                                  # share of the nonzero values flushed to 0
     mags = Magnitudes(grad)                       # sorted once: any format and scale is cheap
-    sweep = scale_sweep(mags, "fp16")             # every loss scale 2^0 ... 2^24
+    sweep = scale_sweep(mags, "fp16")             # every loss scale 2^0 ... 2^24, shares of
+                                                  # the nonzero values (as every share here)
     good_scale_window(sweep), largest_safe_scale(mags, "fp16")
 
 Everything here is measured with torch's own casts, and the edges come from
@@ -148,8 +149,9 @@ class CastStats:
     (nonzero, 0 after), ``subnormal`` (nonzero after, below the smallest normal), ``normal``,
     ``overflow`` (finite before, past the largest finite after: ``overflow_to`` says whether
     that made ±inf, saturated at ±max as torch's fp8 e4m3 does, or NaN), ``inf`` and ``nan``
-    (already so before the cast). The ``*_frac`` properties divide by ``count``; for an empty
-    tensor every count is 0 and every fraction is 0.0 (not NaN).
+    (already so before the cast). The ``*_frac`` properties divide by ``count`` (all values);
+    ``lost_frac`` and :meth:`of_nonzero` by ``nonzero``, the denominator the lesson's tables
+    and figures use. For an empty tensor every count is 0 and every fraction is 0.0 (not NaN).
 
     ``mean_rel_error`` / ``max_rel_error``: |cast − v| / |v| over the kept values (subnormal
     and normal), where v is the fp32 value ``x * scale`` that was cast (each ratio rounded
@@ -220,22 +222,30 @@ class CastStats:
         zeros that were zeros anyway are not lost); 0.0 when there are none."""
         return self.underflow / self.nonzero if self.nonzero else 0.0
 
-    def row(self) -> dict:
-        """The counts as fractions of all values, for a table row."""
-        return {"values": self.count, "zero": self.zero_frac, "underflow": self.underflow_frac,
-                "lost (of nonzero)": self.lost_frac,
-                "subnormal": self.subnormal_frac, "overflow": self.overflow_frac,
-                "inf/NaN": self.inf + self.nan, "mean rel. error": self.mean_rel_error,
-                "max rel. error": self.max_rel_error, "max |x|": self.max_abs}
+    def of_nonzero(self, n: int) -> float:
+        """n as a share of the nonzero values (0.0 when there are none): the denominator of
+        every share this module reports except ``zero (of all)``."""
+        return n / self.nonzero if self.nonzero else 0.0
 
     def nonzero_row(self) -> dict:
         """The nonzero values and the shares of them lost to 0, landing subnormal and
-        overflowing, and the largest |x·scale|: what the cast did to the values that count."""
-        n = self.nonzero
-        return {"nonzero": n, "lost (→ 0)": self.lost_frac,
-                "subnormal": self.subnormal / n if n else 0.0,
-                "overflow": self.overflow / n if n else 0.0,
+        overflowing, and the largest |x·scale|: what the cast did to the values that count.
+        Each share's name says its denominator."""
+        return {"nonzero": self.nonzero, "lost (of nonzero)": self.lost_frac,
+                "subnormal (of nonzero)": self.of_nonzero(self.subnormal),
+                "overflow (of nonzero)": self.of_nonzero(self.overflow),
                 "max |x·scale|": self.max_abs * self.scale}
+
+    def row(self) -> dict:
+        """A table row: the values, the share of all of them that were 0 already, then the
+        :meth:`nonzero_row` shares (of the nonzero values, the same ones the figures draw), the
+        inf/NaN count, the relative errors of the kept values and the largest |x| before
+        scaling."""
+        shares = self.nonzero_row()
+        del shares["max |x·scale|"]
+        return {"values": self.count, "zero (of all)": self.zero_frac, **shares,
+                "inf/NaN": self.inf + self.nan, "mean rel. error": self.mean_rel_error,
+                "max rel. error": self.max_rel_error, "max |x|": self.max_abs}
 
     def __str__(self) -> str:
         to = {"inf": "→ ±inf", "saturate": "→ ±max", "nan": "→ NaN"}[self.overflow_to]
@@ -243,10 +253,10 @@ class CastStats:
                f"; relative error of the rest: mean {self.mean_rel_error:.3g}, "
                f"max {self.max_rel_error:.3g}")
         return (f"{self.count} values cast to {self.precision} at scale "
-                f"{scale_text(self.scale)}: {self.zero_frac:.2%} zero already, "
-                f"{self.underflow_frac:.2%} underflow to 0, {self.subnormal_frac:.2%} subnormal, "
-                f"{self.overflow_frac:.2%} overflow ({to}), {self.inf + self.nan} inf/NaN "
-                f"already{rel}")
+                f"{scale_text(self.scale)}: {self.zero_frac:.2%} of them zero already, "
+                f"{self.inf + self.nan} inf/NaN already; of the {self.nonzero} nonzero: "
+                f"{self.lost_frac:.2%} lost to 0, {self.of_nonzero(self.subnormal):.2%} "
+                f"subnormal, {self.of_nonzero(self.overflow):.2%} overflow ({to}){rel}")
 
 
 def combined(stats: list[CastStats], precision, scale) -> CastStats:
@@ -411,12 +421,14 @@ def magnitudes_of(x, what: str = "tensors") -> list[Magnitudes]:
 # --- choosing a loss scale ---------------------------------------------------------------------
 
 def scale_sweep(tensors, precision="fp16", scales=None) -> Table:
-    """For each scale (default 2^0 ... 2^24): the fraction of all values that underflow, land
-    subnormal, overflow when ``x * scale`` is cast to the format, and the largest |x·scale|.
+    """For each scale (default 2^0 ... 2^24): the shares of the nonzero values lost to 0,
+    landing subnormal and overflowing when ``x * scale`` is cast to the format (the same
+    denominator as :meth:`CastStats.nonzero_row` and the histograms' summaries), and the
+    largest |x·scale|.
 
     tensors: a tensor, a list or dict of tensors, or :class:`Magnitudes` (sorted once, then
-    each scale costs a few binary searches). Underflow never rises and overflow never falls as
-    the scale grows.
+    each scale costs a few binary searches). The lost share never rises and the overflow share
+    never falls as the scale grows.
     """
     f = storage_format(precision)
     parts = magnitudes_of(tensors)
@@ -428,30 +440,30 @@ def scale_sweep(tensors, precision="fp16", scales=None) -> Table:
     for scale in scales:
         s = as_scale(scale)
         st = combined([p.stats(f, s, rel_error=False) for p in parts], f, s)
-        rows.append({"scale": s, "log2 scale": math.log2(s), "zero": st.zero_frac,
-                     "underflow": st.underflow_frac, "lost (of nonzero)": st.lost_frac,
-                     "subnormal": st.subnormal_frac,
-                     "overflow": st.overflow_frac, "max |x·scale|": st.max_abs * s})
-    return Table(rows, title=f"Scale sweep: fractions of all values cast to {f.name}")
+        rows.append({"scale": s, "log2 scale": math.log2(s), **st.nonzero_row()})
+    n = rows[0]["nonzero"]
+    return Table(rows, title=f"Scale sweep: shares of the {n:,} nonzero values cast to {f.name}")
 
 
-def good_scale_window(sweep, underflow_tol: float = 1e-3, overflow_tol: float = 0.0, *,
-                      of_nonzero: bool = False) -> tuple[float, float] | None:
-    """(lowest, highest) scale of a :func:`scale_sweep` whose underflow fraction is at most
-    underflow_tol and overflow fraction at most overflow_tol (0: no overflow at all);
-    None when no scale in the sweep is good. Fractions are of all values, or with
-    ``of_nonzero=True`` the underflow is the share of the nonzero values lost."""
-    under = "lost (of nonzero)" if of_nonzero else "underflow"
+#: The columns of a :func:`scale_sweep` that :func:`good_scale_window` reads.
+_LOST, _OVER = "lost (of nonzero)", "overflow (of nonzero)"
+
+
+def good_scale_window(sweep, underflow_tol: float = 1e-3,
+                      overflow_tol: float = 0.0) -> tuple[float, float] | None:
+    """(lowest, highest) scale of a :func:`scale_sweep` that loses at most underflow_tol of
+    the nonzero values to 0 and overflows at most overflow_tol of them (0: none at all);
+    None when no scale in the sweep is good. Both are shares of the nonzero values, the
+    sweep's own denominator."""
     rows = list(sweep)
-    if not rows or not all(isinstance(r, Mapping) and {"scale", under, "overflow"} <= set(r)
+    if not rows or not all(isinstance(r, Mapping) and {"scale", _LOST, _OVER} <= set(r)
                            for r in rows):
         raise ValueError(f"good_scale_window takes the table scale_sweep returns (rows with "
-                         f"'scale', {under!r} and 'overflow')")
+                         f"'scale', {_LOST!r} and {_OVER!r})")
     for name, tol in (("underflow_tol", underflow_tol), ("overflow_tol", overflow_tol)):
         if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0 <= tol <= 1:
-            raise ValueError(f"{name} is a fraction of values from 0 to 1, got {tol!r}")
-    good = [r["scale"] for r in rows
-            if r[under] <= underflow_tol and r["overflow"] <= overflow_tol]
+            raise ValueError(f"{name} is a share of the nonzero values, from 0 to 1, got {tol!r}")
+    good = [r["scale"] for r in rows if r[_LOST] <= underflow_tol and r[_OVER] <= overflow_tol]
     return (min(good), max(good)) if good else None
 
 

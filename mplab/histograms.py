@@ -1,6 +1,7 @@
 """Where values sit on the log2 axis, and where a format's bands are on it.
 
     counts, edges = exponent_histogram(grad)   # counts[k]: values in [2^edges[k], 2^edges[k+1])
+    data_bins(grads)                           # the bins that hold every one of their values
     format_bands("fp16", scale=2**10)          # log2 edges where fp16 flushes, goes subnormal, ...
 
 A loss scale s is a shift of log2|x| by log2(s): it moves every value of a histogram that many
@@ -19,10 +20,28 @@ import numpy as np
 from mplab.casts import Magnitudes, as_scale, magnitudes_of, rounding_edges
 from mplab.formats import get_format
 
-__all__ = ["DEFAULT_BINS", "ExponentHistogram", "exponent_histogram", "Band", "format_bands"]
+__all__ = ["EMPTY_BINS", "data_bins", "ExponentHistogram", "exponent_histogram", "Band",
+           "format_bands"]
 
-#: log2 edges of the default exponent histogram: bins [2^-60, 2^-59) ... [2^18, 2^19).
-DEFAULT_BINS = range(-60, 20)
+#: The bins of a histogram with no finite nonzero value to place: [2^-60, 2^-59) ... [2^18, 2^19).
+EMPTY_BINS = range(-60, 20)
+
+
+def _floor_log2(v: float) -> int:
+    """floor(log2 v) for a finite v > 0, exact (math.log2 rounds near powers of two)."""
+    return math.frexp(v)[1] - 1
+
+
+def data_bins(tensors) -> range:
+    """The integer log2 edges of the fewest unit bins that hold every finite nonzero value of
+    one or more tensors (or :class:`~mplab.casts.Magnitudes`): from floor(log2 min|x|) to
+    floor(log2 max|x|) + 1. :data:`EMPTY_BINS` when there is no such value."""
+    parts = [m for m in magnitudes_of(tensors) if m.values.size]
+    if not parts:
+        return EMPTY_BINS
+    lo = min(_floor_log2(m.min_abs) for m in parts)
+    hi = max(_floor_log2(m.max_abs) for m in parts)
+    return range(lo, hi + 2)
 
 
 def _bin_edges(bins) -> np.ndarray:
@@ -76,22 +95,24 @@ class ExponentHistogram:
 
 def _histogram(m: Magnitudes, edges: np.ndarray) -> ExponentHistogram:
     """Counts of log2|x| per bin [2^e_k, 2^e_k+1), by searching the powers of two."""
-    powers = np.array([2.0 ** int(min(max(k, -200), 200)) for k in edges]).astype(np.float32)
+    with np.errstate(over="ignore"):  # 2^128 and up are inf in fp32: above every finite value
+        powers = np.array([2.0 ** int(min(max(k, -200), 200)) for k in edges]).astype(np.float32)
     idx = np.searchsorted(m.values, powers, side="left")
     return ExponentHistogram(np.diff(idx).astype(np.int64), edges, zeros=m.zero,
                              below=int(idx[0]), above=int(m.values.size - idx[-1]),
                              inf=m.inf, nan=m.nan)
 
 
-def exponent_histogram(tensor_or_tensors, bins=DEFAULT_BINS) -> ExponentHistogram:
+def exponent_histogram(tensor_or_tensors, bins=None) -> ExponentHistogram:
     """Histogram of log2|x| over the finite nonzero values of one or more tensors
     (or precomputed :class:`~mplab.casts.Magnitudes`), with integer log2 edges; zeros counted
-    apart.
+    apart. bins: the edges, e.g. range(-60, 20); None (the default) for :func:`data_bins`,
+    which leave no value outside.
 
         counts, edges = exponent_histogram(grad)   # counts[k]: values in [2^edges[k], 2^edges[k+1])
     """
-    edges = _bin_edges(bins)
     parts = magnitudes_of(tensor_or_tensors)
+    edges = _bin_edges(data_bins(parts) if bins is None else bins)
     hist = _histogram(parts[0], edges)
     for p in parts[1:]:
         hist = hist + _histogram(p, edges)

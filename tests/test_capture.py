@@ -144,11 +144,44 @@ def test_capture_a_hugging_face_model_with_a_dict_batch():
     assert len(table) == len(cap.activation_grads) + 1 and table[-1]["name"] == "(all)"
     assert table[-1]["values"] == cap.all("activation_grads").numel()
     whole = C.cast_stats(cap.all("activation_grads"), "fp16", 2.0**8)
-    assert table[-1]["underflow"] == whole.underflow_frac
+    assert table[-1]["lost (of nonzero)"] == whole.lost_frac
+    assert table[-1]["zero (of all)"] == whole.zero_frac
+    assert table[-1]["nonzero"] == int((cap.all("activation_grads") != 0).sum())
     assert table[-1]["mean rel. error"] == pytest.approx(whole.mean_rel_error, rel=1e-9)
     assert all_hooks(model) == 0
     with pytest.raises(ValueError, match="no loss"):
         K.capture(model, {k: v for k, v in batch.items() if k != "labels"})
+
+
+def test_repeats_finds_the_embeddings_that_share_a_sum_s_gradient():
+    model, batch = tiny_bert()
+    cap = K.capture(model, batch)
+    word, kind, pos = (cap.activation_grads[f"bert.embeddings.{n}_embeddings"]
+                       for n in ("word", "token_type", "position"))
+    assert torch.equal(word, kind)  # both terms of one sum: the same gradient
+    assert pos.shape == (1, 8, 16) and torch.allclose(word.sum(0, keepdim=True), pos)
+    rows = {r["name"]: r for r in cap.repeats("activation_grads")}
+    assert set(rows) == {"bert.embeddings.token_type_embeddings",
+                         "bert.embeddings.position_embeddings"}
+    assert rows["bert.embeddings.token_type_embeddings"]["same as"] == \
+        "bert.embeddings.word_embeddings"
+    assert rows["bert.embeddings.token_type_embeddings"]["how"] == "identical"
+    position = rows["bert.embeddings.position_embeddings"]
+    assert position["how"] == "summed over dim 0 (4 → 1)"
+    assert (position["shape"], position["values"]) == ((1, 8, 16), 128)
+    # nothing repeats in an MLP, and a look-alike that is not the sum is no repeat
+    assert len(K.capture(mlp(), batch_xy(), mse).repeats("activation_grads")) == 0
+    assert K._repeat_of(word, word.sum(0, keepdim=True) * 1.01) == ""
+
+
+def test_histograms_of_a_kind_share_bins_that_hold_every_value():
+    model, batch = tiny_bert()
+    cap = K.capture(model, batch)
+    hists = cap.histograms("activation_grads")
+    assert len({tuple(h.edges) for h in hists.values()}) == 1
+    assert all(h.below == h.above == 0 for h in hists.values())
+    smallest = min(m.min_abs for m in cap.magnitudes("activation_grads").values() if m.min_abs)
+    assert next(iter(hists.values())).edges[0] <= torch.tensor(smallest).log2().item()
 
 
 def test_capture_layer_selection_and_bad_inputs():

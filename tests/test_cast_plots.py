@@ -1,7 +1,10 @@
 """mplab.cast_plots: the figures draw the numbers mplab.casts and mplab.failures compute."""
 
+import math
+
 import numpy as np
 import pytest
+import torch
 from cast_reference import grads_like
 
 from mplab import cast_plots
@@ -21,15 +24,52 @@ def test_exponent_histogram_plot_shades_bands_and_shifts_the_data_by_the_scale()
     shifted = gids["hist-all"].get_data().edges
     assert np.array_equal(shifted - unscaled, np.full_like(unscaled, 8.0))
     summary = gids["cast-summary"].get_text()
-    st = C.cast_stats(x, "fp16", 2.0**8)
-    assert f"{100 * st.underflow / st.nonzero:.3g} %" in summary
+    st = C.cast_stats(x, "fp16", 2.0**8)  # the box's shares are the table's (of nonzero)
+    row = st.row()
+    assert f"of the {st.nonzero:,} nonzero values" in summary
+    assert f"lost to 0  {100 * row['lost (of nonzero)']:.3g} %" in summary
+    assert f"subnormal  {100 * row['subnormal (of nonzero)']:.3g} %" in summary
     one = cast_plots.exponent_histogram_plot(x, "bf16", pyplot=False)
     assert "hist-unscaled" not in {a.get_gid() for a in one.axes[0].get_children()}
     hist_only = cast_plots.exponent_histogram_plot(H.exponent_histogram(x), "fp8_e5m2", 4.0,
                                               pyplot=False)
     assert hist_only.axes
-    sweep_fig = cast_plots.scale_sweep_plot(C.scale_sweep(mags), pyplot=False)
-    assert sweep_fig.axes[0].get_xlabel() == "log2 scale"
+
+
+def test_the_histogram_axis_reaches_the_smallest_and_largest_values():
+    x = torch.cat([grads_like(), torch.tensor([2.0**-81, -(2.0**-77)])])  # far below 2^-60
+    ax = cast_plots.exponent_histogram_plot(x, "fp16", pyplot=False).axes[0]
+    lo, hi = ax.get_xlim()
+    assert lo <= -81 and hi >= math.log2(30.0)
+    drawn = {a.get_gid(): a for a in ax.get_children()}["hist-all"].get_data()
+    assert drawn.edges[0] == -81 and drawn.values.sum() == pytest.approx(1.0)  # all of them
+    fixed = cast_plots.exponent_histogram_plot(x, "fp16", bins=range(-60, 20), pyplot=False)
+    legend = [t.get_text() for t in fixed.axes[0].get_legend().get_texts()]
+    assert any("2 values outside" in t for t in legend), legend
+
+
+def test_the_sweep_curve_and_its_window_share_one_denominator():
+    x = grads_like()
+    sweep = C.scale_sweep(x, "fp16")
+    fig = cast_plots.scale_sweep_plot(sweep, underflow_tol=0.05, pyplot=False)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "log2 scale" and "nonzero" in ax.get_ylabel()
+    gids = {a.get_gid(): a for a in ax.get_children()}
+    lost = gids["sweep-lost"].get_ydata()
+    assert list(lost) == sweep.column("lost (of nonzero)")
+    lo, hi = C.good_scale_window(sweep, underflow_tol=0.05)
+    inside = [y for k, y in zip(gids["sweep-lost"].get_xdata(), lost)
+              if math.log2(lo) <= k <= math.log2(hi)]
+    before = [y for k, y in zip(gids["sweep-lost"].get_xdata(), lost) if k < math.log2(lo)]
+    assert max(inside) <= 0.05 < before[-1]  # the window starts where the drawn curve crosses
+    span = gids["sweep-window"]  # a Rectangle in data x
+    assert (span.get_x(), span.get_x() + span.get_width()) == (math.log2(lo), math.log2(hi))
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "good scales: lost ≤ 5 %, no overflow" in legend
+    none = cast_plots.scale_sweep_plot(C.scale_sweep(torch.tensor([2.0**-40, 1e4])),
+                                       underflow_tol=0.0, pyplot=False)
+    assert "no scale loses" in {a.get_gid(): a for a in none.axes[0].get_children()}[
+        "sweep-no-window"].get_text()
 
 
 def test_swamping_plot_draws_the_run_and_marks_the_first_lost_update():

@@ -168,13 +168,19 @@ def test_scale_sweep_is_monotone_and_matches_cast_stats():
     x = grads_like()
     sweep = C.scale_sweep([x[:20_000], x[20_000:]], "fp16")
     assert [r["scale"] for r in sweep] == [2.0**k for k in range(25)]
-    under, over = sweep.column("underflow"), sweep.column("overflow")
+    under, over = sweep.column("lost (of nonzero)"), sweep.column("overflow (of nonzero)")
     assert all(a >= b for a, b in zip(under, under[1:]))
     assert all(a <= b for a, b in zip(over, over[1:]))
     assert under[0] > 0.1 and over[-1] > 0 and over[0] == 0
-    for row in sweep.rows[::6]:
-        st = C.cast_stats(x, "fp16", row["scale"])
-        assert (row["underflow"], row["overflow"]) == (st.underflow_frac, st.overflow_frac)
+    for row in sweep.rows[::6]:  # every share is of the nonzero values, as torch casts them
+        d = direct(x, "fp16", row["scale"])
+        nonzero = d["underflow"] + d["subnormal"] + d["normal"] + d["overflow"]
+        assert row["nonzero"] == nonzero
+        assert (row["lost (of nonzero)"], row["subnormal (of nonzero)"],
+                row["overflow (of nonzero)"]) == (d["underflow"] / nonzero,
+                                                  d["subnormal"] / nonzero,
+                                                  d["overflow"] / nonzero)
+    assert f"{nonzero:,} nonzero values" in sweep.title
 
 
 def test_good_scale_window_and_largest_safe_scale():
@@ -182,8 +188,8 @@ def test_good_scale_window_and_largest_safe_scale():
     sweep = C.scale_sweep(x, "fp16")
     lo, hi = C.good_scale_window(sweep, underflow_tol=1e-3)
     by = {r["scale"]: r for r in sweep}
-    assert by[lo]["underflow"] <= 1e-3 < by[lo / 2]["underflow"]
-    assert by[hi]["overflow"] == 0 < by[hi * 2]["overflow"]
+    assert by[lo]["lost (of nonzero)"] <= 1e-3 < by[lo / 2]["lost (of nonzero)"]
+    assert by[hi]["overflow (of nonzero)"] == 0 < by[hi * 2]["overflow (of nonzero)"]
     assert C.good_scale_window(sweep, underflow_tol=0.0) is not None
     too_wide = C.scale_sweep(torch.tensor([2.0**-40, 1e4]), "fp16")  # 2^-40 needs 2^15: 1e4 can't
     assert C.good_scale_window(too_wide, underflow_tol=0.0) is None
@@ -209,8 +215,8 @@ def test_lost_frac_is_the_share_of_nonzero_values_torch_flushes_and_windows_can_
     assert C.cast_stats(torch.zeros(4), "fp16").lost_frac == 0.0
     sweep = C.scale_sweep(x, "fp16")
     lost = sweep.column("lost (of nonzero)")
-    assert lost[0] > sweep[0]["underflow"]  # a share of fewer values
-    lo, hi = C.good_scale_window(sweep, underflow_tol=0.01, of_nonzero=True)
+    assert lost[0] == C.cast_stats(x, "fp16").lost_frac > C.cast_stats(x, "fp16").underflow_frac
+    lo, hi = C.good_scale_window(sweep, underflow_tol=0.01)  # the zeros do not dilute it
     by = {r["scale"]: r for r in sweep}
     assert by[lo]["lost (of nonzero)"] <= 0.01 < by[lo / 2]["lost (of nonzero)"]
     m = C.Magnitudes(x)
@@ -253,12 +259,21 @@ def test_combined_stats_are_the_stats_of_the_tensors_joined():
     assert empty.count == 0 and empty.lost_frac == 0.0 and empty.precision == "fp16"
 
 
-def test_nonzero_row_is_shares_of_the_nonzero_values():
+def test_every_share_in_a_row_names_its_denominator():
     x = torch.tensor([0.0, 0.0, 1e-9, 1e-6, 1.0, 1e5])  # 4 nonzero: lost, subnormal, kept, over
-    row = C.cast_stats(x, "fp16", 2.0).nonzero_row()
-    assert row == {"nonzero": 4, "lost (→ 0)": 0.25, "subnormal": 0.25, "overflow": 0.25,
-                   "max |x·scale|": 2e5}
-    assert C.cast_stats(torch.zeros(3), "fp16").nonzero_row()["subnormal"] == 0.0
+    st = C.cast_stats(x, "fp16", 2.0)
+    assert st.nonzero_row() == {"nonzero": 4, "lost (of nonzero)": 0.25,
+                                "subnormal (of nonzero)": 0.25, "overflow (of nonzero)": 0.25,
+                                "max |x·scale|": 2e5}
+    row = st.row()
+    assert row["values"] == 6 and row["zero (of all)"] == 2 / 6
+    assert {k: row[k] for k in st.nonzero_row() if k in row} == {
+        k: v for k, v in st.nonzero_row().items() if k != "max |x·scale|"}
+    shares = [k for k, v in row.items() if isinstance(v, float) and "error" not in k
+              and k != "max |x|"]
+    assert shares and all(k.endswith(("(of all)", "(of nonzero)")) for k in shares), shares
+    assert "of the 4 nonzero: 25.00% lost to 0, 25.00% subnormal" in str(st)
+    assert C.cast_stats(torch.zeros(3), "fp16").nonzero_row()["subnormal (of nonzero)"] == 0.0
 
 
 def test_the_format_is_named_precision_like_everywhere_in_mplab():

@@ -1,6 +1,9 @@
 """Lesson 2's exercises: each reference answer against direct torch casts, and the feedback a
 learner's likely mistakes get."""
 
+from pathlib import Path
+
+import nbformat
 import pytest
 import torch
 from conftest import failed_saying
@@ -8,8 +11,10 @@ from conftest import failed_saying
 from mplab.exercises import lesson2 as ex
 from mplab.formats import dtype_of
 from mplab.lessons import lesson_capture
+from mplab.widgets.lesson2 import swamping_demo
 
 IDS = list(ex.EXERCISES)
+NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "02_underflow_overflow.ipynb"
 FP16_TINY = torch.finfo(torch.float16).tiny  # the smallest normal
 
 
@@ -59,6 +64,9 @@ def test_2_4_reference_agrees_with_torch_and_has_both_answers():
         stored = torch.tensor(w, dtype=dtype_of(precision))
         assert ex.is_swamped(w, u, precision) == bool(stored + u == stored), (w, u, precision)
     assert {ex.is_swamped(*c) for c in ex.CASES_2_4} == {True, False}
+    demo = swamping_demo()  # the lesson shows this weight and update in fp16 and fp32 above 2.4
+    shown = (demo.w0, -demo.lr.value * demo.grad)
+    assert not any((w, u) == shown for w, u, _ in ex.CASES_2_4)
 
 
 def test_2_4_feedback_names_the_wrong_cases_and_the_spacing():
@@ -77,21 +85,43 @@ def test_2_4_feedback_names_the_wrong_cases_and_the_spacing():
 
 # --- 2.3 ----------------------------------------------------------------------------------------
 
-def test_2_3_reference_is_the_layer_torch_flushes_most(cap):
-    def lost_share(t):
-        x = t.float()
+def test_2_3_reference_is_the_layer_torch_flushes_most_at_the_safe_scale(cap):
+    g = cap.all("activation_grads")
+    safe = next(2.0**k for k in range(40, -1, -1) if torch.isfinite((g * 2.0**k).half()).all())
+    assert ex.safe_scale() == safe  # 2.2's answer
+
+    def lost_share(t, scale):
+        x = t.float() * scale
         alive = x != 0
         return float((alive & (x.half() == 0)).sum()) / max(int(alive.sum()), 1)
 
-    shares = {n: lost_share(t) for n, t in cap.activation_grads.items()}
+    shares = {n: lost_share(t, safe) for n, t in cap.activation_grads.items()}
     best = max(shares, key=shares.get)
     assert ex.worst_layer() == best
     assert ex.check("2.3", best).passed
     assert ex.check("2.3", f"  {best} ").passed
+    # the lesson's table is at scale 1: its worst layer is another, so it does not give 2.3 away
+    at_one = max(cap.activation_grads, key=lambda n: lost_share(cap.activation_grads[n], 1.0))
+    assert at_one != best and ex.worst_layer(1.0) == at_one
+    failed_saying(ex.check("2.3", at_one), "no loss scale", "largest safe scale", hiding=(best,))
     other = min(shares, key=shares.get)
-    failed_saying(ex.check("2.3", other), "larger share")
+    failed_saying(ex.check("2.3", other), "larger share", hiding=(best,))
     failed_saying(ex.check("2.3", "layer.99"), "not one of the captured layers")
     assert ex.check("2.3", 3).status == "failed"
+    assert ex.check("2.3", ...).status == "not attempted"
+
+
+def test_2_2_and_2_3_answers_are_not_shown_before_them():
+    """The lesson shows the safe scale (the sweep, the explorer's summary) only after 2.2, and
+    per-layer shares at that scale (the explorer) only after 2.3."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    at = {c.metadata.get("mplab", {}).get("exercise"): i for i, c in enumerate(nb.cells)}
+    code = [c.source if c.cell_type == "code" else "" for c in nb.cells]
+    shows_safe = ("largest_safe_scale", "scale_sweep", "loss_scale_explorer(")
+    assert not any(w in src for src in code[:at["2.2"]] for w in shows_safe)
+    assert not any("loss_scale_explorer(" in src for src in code[:at["2.3"]])
+    assert any("scale_sweep" in src for src in code[at["2.2"]:at["2.3"]])  # 2.3 needs it above
+    assert at["2.1"] < at["2.2"] < at["2.3"] < at["2.4"]
 
 
 # --- 2.5 ----------------------------------------------------------------------------------------

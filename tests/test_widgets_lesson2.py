@@ -56,17 +56,26 @@ def test_moving_the_slider_shows_what_torch_casts_do_to_each_layer(cap, precisio
         totals = [a + b for a, b in zip(totals, (nonzero, lost, over))]
         row = shown[name]
         assert row["nonzero"] == nonzero, name
-        assert row["lost (→ 0)"] == (lost / nonzero if nonzero else 0.0), name
-        assert row["overflow"] == (over / nonzero if nonzero else 0.0), name
+        assert row["lost (of nonzero)"] == (lost / nonzero if nonzero else 0.0), name
+        assert row["overflow (of nonzero)"] == (over / nonzero if nonzero else 0.0), name
         assert row["type"] == cap.layer_types[name]
         assert row["max |x·scale|"] == t.abs().max().item() * 2.0**k
     nonzero, lost, over = totals
     total = explorer.total
     assert (total.nonzero, total.underflow, total.overflow) == (nonzero, lost, over)
-    assert f"<b>{lesson2.percent(lost / nonzero)}</b> flushed to 0" in explorer.summary.value
+    assert f"of the {nonzero:,} nonzero values" in explorer.summary.value
+    assert f"<b>{lesson2.percent(lost / nonzero)}</b> lost to 0" in explorer.summary.value
     assert f"{lesson2.percent(over / nonzero)} overflow" in explorer.summary.value
     assert f"At scale 2^{k} " in explorer.summary.value
     assert explorer.table.value.count("<tr>") == len(cap.activation_grads)
+    assert "lost (of nonzero)</th>" in explorer.table.value  # the header names the denominator
+
+
+def test_the_explorer_axis_reaches_the_smallest_gradient_and_the_largest_at_2_24(cap):
+    mags = [m for m in cap.magnitudes("activation_grads").values() if m.values.size]
+    lo, hi = lesson2._xlim(cap, "activation_grads")
+    assert lo < torch.tensor(min(m.min_abs for m in mags)).log2().item()
+    assert hi > torch.tensor(max(m.max_abs for m in mags) * 2.0**24).log2().item()
 
 
 def test_the_slider_changes_the_table_and_the_plot_and_a_big_scale_overflows(cap):

@@ -11,20 +11,17 @@ controls and shows the results.
 
 from __future__ import annotations
 
-import functools
 import html
 import math
-import operator
 
 import ipywidgets as widgets
-import numpy as np
 
 from mplab import cast_plots
 from mplab.capture import KINDS, Capture
 from mplab.casts import CastStats, combined, largest_safe_scale
 from mplab.failures import SwampRun, finite_number, swamp_threshold, swamping_run
 from mplab.formats import get_format
-from mplab.histograms import format_bands
+from mplab.histograms import data_bins, format_bands
 from mplab.widgets._common import StaticView, guarded, png
 
 __all__ = ["loss_scale_explorer", "LossScaleExplorer", "swamping_demo", "SwampingDemo",
@@ -35,6 +32,8 @@ LOSS_SCALE_FORMATS = ("fp16", "bf16", "fp8_e5m2", "fp8_e4m3")
 #: Formats the swamping demo can keep its weight in (fp32 too, the master weights' format).
 SWAMP_FORMATS = ("fp16", "bf16", "fp32", "fp8_e5m2", "fp8_e4m3")
 _LOST_RED = 0.01  # a layer losing more than 1 % of its nonzero values is shown in red
+#: The shares of CastStats.nonzero_row the explorer shows (each of the layer's nonzero values).
+_LOST, _SUB, _OVER = "lost (of nonzero)", "subnormal (of nonzero)", "overflow (of nonzero)"
 
 
 def percent(x: float) -> str:
@@ -58,7 +57,7 @@ class LossScaleExplorer(StaticView, widgets.VBox):
     Controls a test (or a learner) can drive: `slider` (log2 of the scale, 0 to 24),
     `precision` (the format cast to), `kind`, `layer` ("" for all layers, or one layer's name:
     the histogram shows it alone); outputs: `plot` (PNG of the per-layer exponent histograms),
-    `summary`, `table` (per layer: the share of nonzero values flushed to 0, landing
+    `summary`, `table` (per layer: the shares of its nonzero values lost to 0, landing
     subnormal, overflowing), `message`. `scale` is the scale shown; `stats` the per-layer
     CastStats; `table_rows` the table's rows as data (layer, type and
     :meth:`~mplab.casts.CastStats.nonzero_row`); `total` all layers' CastStats together.
@@ -177,12 +176,11 @@ def _xlim(capture: Capture, kind: str) -> tuple[int, int]:
     """A fixed log2 axis for one capture and kind, so the histogram moves and the axes stay:
     from below the smallest value (and fp16's flush edge, the lowest of the formats that
     flush anything here; bf16's is 100 binades further down) to past the largest at 2^24."""
-    hist = functools.reduce(operator.add, capture.histograms(kind).values())
-    edges = hist.edges.astype(float)
-    nz = np.flatnonzero(hist.counts)
+    mags = [m for m in capture.magnitudes(kind).values() if m.values.size]
+    bins = data_bins(mags)  # the bins the histogram draws: they hold every value
     lowest = format_bands("fp16")[0].hi
-    lo = min(edges[nz[0]] if nz.size else 0.0, lowest) - 2
-    hi = max((edges[nz[-1] + 1] if nz.size else 0.0) + 24, get_format("fp16").emax + 2) + 2
+    lo = min(bins[0] if mags else 0, lowest) - 2
+    hi = max((bins[-1] if mags else 0) + 24, get_format("fp16").emax + 2) + 2
     return math.floor(lo), math.ceil(hi)
 
 
@@ -192,23 +190,23 @@ def _summary_html(total: CastStats, safe: float) -> str:
     safe_text = f"2^{int(math.log2(safe))}" if math.isfinite(safe) and safe >= 1 else f"{safe:g}"
     share = percent if total.nonzero else (lambda x: "–")
     return (f'<div style="font-size:13px;margin:4px 0">At scale 2^{int(math.log2(total.scale))} '
-            f"({total.scale:,.0f}), of {total.nonzero:,} nonzero values: "
-            f"<b>{share(shares['lost (→ 0)'])}</b> flushed to 0, {share(shares['subnormal'])} "
-            f"subnormal (few bits left), <span{over_style}>{share(shares['overflow'])} "
+            f"({total.scale:,.0f}), of the {total.nonzero:,} nonzero values: "
+            f"<b>{share(shares[_LOST])}</b> lost to 0, {share(shares[_SUB])} "
+            f"subnormal (few bits left), <span{over_style}>{share(shares[_OVER])} "
             f"overflow</span>. Largest safe scale for {total.precision}: {safe_text}.</div>")
 
 
 def _table_html(rows: list[dict]) -> str:
-    head = ["layer", "type", "nonzero", "lost (→ 0)", "subnormal", "overflow", "max |x·scale|"]
+    head = ["layer", "type", "nonzero", _LOST, _SUB, _OVER, "max |x·scale|"]
     th = "".join(f'<th style="padding:1px 8px;text-align:left">{h}</th>' for h in head)
     body = []
     for r in rows:
-        lost_style = (' style="color:#b00020;font-weight:bold"' if r["lost (→ 0)"] > _LOST_RED
+        lost_style = (' style="color:#b00020;font-weight:bold"' if r[_LOST] > _LOST_RED
                       else "")
-        over_style = ' style="color:#b00020;font-weight:bold"' if r["overflow"] else ""
+        over_style = ' style="color:#b00020;font-weight:bold"' if r[_OVER] else ""
         cells = [f"<code>{html.escape(r['layer'])}</code>", html.escape(r["type"]),
-                 f"{r['nonzero']:,}", f"<span{lost_style}>{percent(r['lost (→ 0)'])}</span>",
-                 percent(r["subnormal"]), f"<span{over_style}>{percent(r['overflow'])}</span>",
+                 f"{r['nonzero']:,}", f"<span{lost_style}>{percent(r[_LOST])}</span>",
+                 percent(r[_SUB]), f"<span{over_style}>{percent(r[_OVER])}</span>",
                  f"{r['max |x·scale|']:.4g}"]
         body.append("<tr>" + "".join(f'<td style="padding:1px 8px">{c}</td>' for c in cells)
                     + "</tr>")
