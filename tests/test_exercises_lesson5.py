@@ -63,6 +63,15 @@ def loop(*, prepare="model, optimizer, dataloader", backward="accelerator.backwa
     return names["train_loop"]
 
 
+def test_5_1_the_task_says_what_to_return_and_what_the_check_requires():
+    prompt = ex.EXERCISES["5.1"].prompt
+    assert "returns nothing" in prompt
+    assert "the model, the optimizer and the dataloader each handed to `accelerator.prepare`" \
+        in prompt
+    result, _ = run_cell(ex.EXERCISES["5.1"].starter, ex=ex)  # the untouched starter cell
+    assert result.status == "not attempted"
+
+
 def test_5_1_the_course_loop_passes_and_so_do_loops_that_train_the_same_way():
     assert ex.check("5.1", loop()).passed
 
@@ -234,9 +243,10 @@ def test_5_3_feedback_for_the_likely_mistakes():
 
 # --- 5.4 --------------------------------------------------------------------------------------
 
-def test_5_4_the_answer_is_where_the_real_accelerate_calls_each_gradscaler_method():
+def where_accelerate_calls_the_scaler(clip: bool = True) -> dict:
     """A GradScaler that records which Accelerate call it is inside, handed to a real fp16
-    Accelerator (forced to act as on a GPU: on a CPU it builds none), then the course's calls."""
+    Accelerator (forced to act as on a GPU: on a CPU it builds none), then the course's calls;
+    and the call inside which the forward first ran under an fp16 autocast."""
     from accelerate import Accelerator
 
     inside, calls = [None], {}
@@ -274,16 +284,33 @@ def test_5_4_the_answer_is_where_the_real_accelerate_calls_each_gradscaler_metho
         loss = model(**lesson_batch(8)).loss
         inside[0] = "backward"
         accelerator.backward(loss)
-        inside[0] = "clip_grad_norm_"
-        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        if clip:
+            inside[0] = "clip_grad_norm_"
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
         inside[0] = "optimizer.step"
         optimizer.step()
         inside[0] = "zero_grad"
         optimizer.zero_grad()
     assert hasattr(model, "_original_forward")
-    assert calls.pop("autocast") == "forward" and ex.WHERE_5_4["autocast"] == "prepare"
-    assert calls == {k: v for k, v in ex.WHERE_5_4.items() if k != "autocast"}
+    return calls
+
+
+def test_5_4_the_answer_is_where_the_real_accelerate_calls_each_gradscaler_method():
+    assert where_accelerate_calls_the_scaler(clip=True) == ex.WHERE_5_4
+    assert set(ex.WHERE_5_4.values()) <= set(ex.ACCELERATE_CALLS_5_4)
     assert ex.check("5.4", dict(ex.WHERE_5_4)).passed
+
+
+def test_5_4_the_task_says_the_loop_clips_because_without_clipping_step_unscales():
+    # the one answer the task allows: lesson 4's loop clips, so unscale_ is clipping's
+    assert where_accelerate_calls_the_scaler(clip=False)["unscale_"] == "optimizer.step"
+    prompt = ex.EXERCISES["5.4"].prompt
+    assert "clips the gradients" in prompt and "with clipping" in prompt
+    failed_saying(ex.check("5.4", dict(ex.WHERE_5_4, unscale_="optimizer.step")),
+                  "'unscale_'", "only gradients nothing has unscaled yet", "which clips",
+                  hiding=["clip_grad_norm_"])
+    failed_saying(ex.check("5.4", dict(ex.WHERE_5_4, autocast="prepare")), "'autocast'",
+                  "each time the forward runs")
 
 
 def test_5_4_feedback_points_at_the_first_call_placed_wrong():
@@ -293,4 +320,4 @@ def test_5_4_feedback_points_at_the_first_call_placed_wrong():
     failed_saying(ex.check("5.4", answer), "'autocast'", "1 more to look at")
     result = ex.check("5.4", dict(ex.WHERE_5_4, step="accelerator.step"))
     assert result.status == "failed" and "not one of the Accelerate calls" in result.message
-    assert ex.check("5.4", {"autocast": "prepare"}).status == "failed"
+    assert ex.check("5.4", {"autocast": "forward"}).status == "failed"

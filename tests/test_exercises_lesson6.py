@@ -20,118 +20,159 @@ def test_there_are_four_exercises_worth_four_points():
 
 
 def test_tasks_show_what_they_ask_for():
-    lines = ex.EXERCISES["6.1"].prompt.splitlines()
+    assert f"```python\ntraining_args = {ex.COURSE_LINE}\n```" in ex.EXERCISES["6.1"].prompt
+    assert "def course_arguments(output_dir):" in ex.EXERCISES["6.1"].starter
+    lines = ex.EXERCISES["6.2"].prompt.splitlines()
     assert all(f"- `{name}`" in lines for name in compare.STEPS)
-    assert f"```python\ntraining_args = {ex.COURSE_LINE}\n```" in ex.EXERCISES["6.3"].prompt
-    assert "def course_arguments(output_dir):" in ex.EXERCISES["6.3"].starter
+    assert "Leave out the parts Accelerate already did out of sight" in ex.EXERCISES["6.2"].prompt
     assert "def fix(model):" in ex.EXERCISES["6.4"].starter
 
 
-# --- 6.1 what the Trainer takes over ----------------------------------------------------------
+def test_the_answers_to_6_1_and_6_3_are_not_on_the_page_above_them():
+    """The course's line is fixed, and the steps changed, before the lesson shows either: the
+    rename, the accumulation and the clipping arguments appear only after the exercise."""
+    from pathlib import Path
 
-def test_6_1_the_answer_is_what_compare_measures_in_the_two_paths():
-    accelerate, trainer = compare.profile("accelerate"), compare.profile("trainer")
-    assert ex.taken_over() == set(accelerate.steps_written) - set(trainer.steps_written)
-    assert ex.taken_over() == {"backward", "unscale + clip", "optimizer step", "zero_grad",
-                               "lr schedule", "accumulation"}
-    assert ex.check("6.1", sorted(ex.taken_over(), reverse=True)).passed  # any order
-    assert ex.check("6.1", [" Backward ", *sorted(ex.taken_over() - {"backward"})]).passed
+    import nbformat
 
-
-def test_6_1_feedback_names_what_was_missed_without_the_missing_names():
-    everything = list(compare.STEPS)
-    failed_saying(ex.check("6.1", everything), "accelerate already does it")
-    failed_saying(ex.check("6.1", ["backward", "optimizer step"]), "4 of the steps",
-                  "- lines", hiding=("zero_grad", "lr schedule", "accumulation"))
-    failed_saying(ex.check("6.1", ["backward", "step"]), "not step names")
-    assert ex.check("6.1", "backward").status == "failed"
+    nb = nbformat.read(Path(__file__).parent.parent / "notebooks" / "06_trainer.ipynb", 4)
+    at = {c.metadata.get("mplab", {}).get("exercise"): i for i, c in enumerate(nb.cells)}
+    above_6_1 = "\n".join(c.source for c in nb.cells[:at["6.1"] - 1])
+    assert "eval_strategy" not in above_6_1 and "renamed(" not in above_6_1
+    above_6_3 = "\n".join(c.source for c in nb.cells[:at["6.3"] - 1])
+    assert "max_grad_norm=" not in above_6_3 and "gradient_accumulation_steps=" not in above_6_3
+    assert "`max_grad_norm`" not in above_6_3 and "`gradient_accumulation_steps`" not in above_6_3
 
 
-# --- 6.2 bf16 on a CPU ------------------------------------------------------------------------
+# --- 6.1 the course's line, today -------------------------------------------------------------
 
-def test_6_2_bf16_with_use_cpu_passes_after_a_real_one_step_run_in_bf16():
+def test_6_1_todays_name_with_the_courses_fp16_passes():
     from transformers import TrainingArguments
 
-    assert ex.check("6.2", {"bf16": True, "use_cpu": True}).passed
+    def today(output_dir):
+        return TrainingArguments(output_dir=output_dir, eval_strategy="epoch", fp16=True)
 
-    args = TrainingArguments(output_dir="unused", bf16=True, use_cpu=True, **ex.ONE_STEP)
-    found = ex.one_step_audit(args)
-    assert found.mixed and found.compute_dtype == torch.bfloat16
-    assert found.param_dtype == torch.float32 and found.scaler is None
+    assert ex.check("6.1", today).passed
 
 
-def test_6_2_fp16_on_a_cpu_trains_one_real_step_in_fp32_and_the_feedback_says_so():
-    from transformers import TrainingArguments
-
-    found = ex.one_step_audit(TrainingArguments(output_dir="unused", fp16=True, use_cpu=True,
-                                                **ex.ONE_STEP))
-    assert found.compute_dtype == torch.float32 and not found.mixed
-    failed_saying(ex.check("6.2", {"fp16": True, "use_cpu": True}), "ran in float32",
-                  "ignores fp16 on a CPU", hiding=("bf16",))
-
-
-@pytest.mark.skipif(ON_GPU, reason="on a GPU with bf16, bf16=True alone trains on the GPU")
-def test_6_2_bf16_alone_quotes_transformers_refusal_which_names_use_cpu():
-    failed_saying(ex.check("6.2", {"bf16": True}), "refused", "use_cpu", "meant for the CPU")
-
-
-def test_6_2_other_mistakes_get_their_own_feedback():
-    failed_saying(ex.check("6.2", {"use_cpu": True}), "nothing in these arguments asks")
-    failed_saying(ex.check("6.2", {}), "nothing in these arguments asks")
-    failed_saying(ex.check("6.2", {"bf16": True, "no_cuda": True}), "no_cuda",
-                  "deprecated in transformers 4.32", hiding=("use_cpu",))
-    failed_saying(ex.check("6.2", {"bf16": True, "fp16": True, "use_cpu": True}),
-                  "at most one")
-    failed_saying(ex.check("6.2", {"bf16": True, "use_cpus": True}), "use_cpus")
-    assert ex.check("6.2", {1: True}).status == "failed"
-    assert ex.check("6.2", [("bf16", True)]).status == "failed"
-
-
-def test_6_2_the_checks_own_run_settings_win_over_the_learners():
-    # a learner's output_dir or max_steps must not make the check write there or run long
-    result = ex.check("6.2", {"bf16": True, "use_cpu": True, "output_dir": "/nonexistent/x",
-                              "max_steps": 10_000})
-    assert result.passed, result
-
-
-# --- 6.3 the course's line, today -------------------------------------------------------------
-
-def test_6_3_feedback_for_each_change_the_course_line_needs():
+def test_6_1_feedback_for_each_mistake():
     from transformers import TrainingArguments
 
     def course(output_dir):
         return TrainingArguments(output_dir=output_dir, evaluation_strategy="epoch", fp16=True)
 
-    failed_saying(ex.check("6.3", course), "evaluation_strategy", "removed in 4.51",
-                  "section 2", hiding=("eval_strategy",))
+    failed_saying(ex.check("6.1", course), "evaluation_strategy", "removed in 4.51",
+                  "help(TrainingArguments)", hiding=("eval_strategy",))
 
-    def renamed_only(output_dir):
-        return TrainingArguments(output_dir=output_dir, eval_strategy="epoch", fp16=True)
+    def no_fp16(output_dir):
+        return TrainingArguments(output_dir=output_dir, eval_strategy="epoch")
 
-    failed_saying(ex.check("6.3", renamed_only), "fp16=true is still there", "fp32")
+    failed_saying(ex.check("6.1", no_fp16), "keep its fp16=true")
 
     def no_evaluation(output_dir):
-        return TrainingArguments(output_dir=output_dir, bf16=True, use_cpu=True)
+        return TrainingArguments(output_dir=output_dir, fp16=True)
 
-    failed_saying(ex.check("6.3", no_evaluation), "after every epoch", "'no'")
+    failed_saying(ex.check("6.1", no_evaluation), "after every epoch", "'no'")
 
     def elsewhere(output_dir):
-        return TrainingArguments(output_dir="out", eval_strategy="epoch", bf16=True,
-                                 use_cpu=True)
+        return TrainingArguments(output_dir="out", eval_strategy="epoch", fp16=True)
 
-    failed_saying(ex.check("6.3", elsewhere), "not to the output_dir given")
-    assert ex.check("6.3", lambda output_dir: "TrainingArguments(...)").status == "failed"
-    assert ex.check("6.3", lambda output_dir: 1 / 0).status == "error"
+    failed_saying(ex.check("6.1", elsewhere), "not to the output_dir given")
+
+    def old_device(output_dir):
+        return TrainingArguments(output_dir=output_dir, eval_strategy="epoch", fp16=True,
+                                 no_cuda=True)
+
+    failed_saying(ex.check("6.1", old_device), "no_cuda", "deprecated in transformers 4.32")
+    assert ex.check("6.1", lambda output_dir: "TrainingArguments(...)").status == "failed"
+    assert ex.check("6.1", lambda output_dir: 1 / 0).status == "error"
+
+
+# --- 6.2 what the Trainer takes over ----------------------------------------------------------
+
+def test_6_2_the_answer_is_what_compare_measures_in_the_two_paths():
+    accelerate, trainer = compare.profile("accelerate"), compare.profile("trainer")
+    assert ex.taken_over() == set(accelerate.steps_written) - set(trainer.steps_written)
+    assert ex.taken_over() == {"backward", "unscale + clip", "optimizer step", "zero_grad",
+                               "lr schedule", "accumulation"}
+    assert ex.check("6.2", sorted(ex.taken_over(), reverse=True)).passed  # any order
+    assert ex.check("6.2", [" Backward ", *sorted(ex.taken_over() - {"backward"})]).passed
+
+
+def test_6_2_feedback_names_what_was_missed_without_the_missing_names():
+    everything = list(compare.STEPS)
+    failed_saying(ex.check("6.2", everything), "accelerate already does it")
+    failed_saying(ex.check("6.2", ["backward", "optimizer step"]), "4 of the steps",
+                  "- lines", hiding=("zero_grad", "lr schedule", "accumulation"))
+    failed_saying(ex.check("6.2", ["backward", "step"]), "not step names")
+    assert ex.check("6.2", "backward").status == "failed"
+
+
+# --- 6.3 change the steps through the arguments -----------------------------------------------
+
+ASKED = {"bf16": True, "use_cpu": True, "gradient_accumulation_steps": 4}
+
+
+def test_6_3_passes_after_a_real_step_of_four_micro_batches_unclipped_in_bf16():
+    from transformers import TrainingArguments
+
+    assert ex.check("6.3", {**ASKED, "max_grad_norm": 0.0}).passed
+    assert ex.check("6.3", {**ASKED, "max_grad_norm": -1}).passed  # never above 0 either
+
+    run = ex.one_step(TrainingArguments(output_dir="unused", **ASKED, max_grad_norm=0.0,
+                                        **{**ex.ONE_STEP, "per_device_train_batch_size": 2}))
+    assert (run.forwards, run.clipped) == (4, 0)
+    assert run.audit.mixed and run.audit.compute_dtype == torch.bfloat16
+    assert run.audit.param_dtype == torch.float32 and run.audit.scaler is None
+
+
+def test_6_3_the_trainers_defaults_are_measured_one_micro_batch_and_clipping():
+    from transformers import TrainingArguments
+
+    run = ex.one_step(TrainingArguments(output_dir="unused", bf16=True, use_cpu=True,
+                                        **ex.ONE_STEP))
+    assert (run.forwards, run.clipped) == (1, 1)
+    failed_saying(ex.check("6.3", {"bf16": True, "use_cpu": True, "max_grad_norm": 0.0}),
+                  "ran 1 forward pass", "the task is 4", hiding=("gradient_accumulation",))
+    failed_saying(ex.check("6.3", ASKED), "clipped the gradients", "1.0",
+                  hiding=("max_grad_norm",))
+    failed_saying(ex.check("6.3", {**ASKED, "max_grad_norm": None}), "TypeError")
+
+
+def test_6_3_fp16_on_a_cpu_trains_one_real_step_in_fp32_and_the_feedback_says_so():
+    from transformers import TrainingArguments
+
+    found = ex.one_step_audit(TrainingArguments(output_dir="unused", fp16=True, use_cpu=True,
+                                                **ex.ONE_STEP))
+    assert found.compute_dtype == torch.float32 and not found.mixed
+    failed_saying(ex.check("6.3", {**ASKED, "bf16": False, "fp16": True, "max_grad_norm": 0}),
+                  "ran in float32", "ignores fp16 on a CPU", hiding=("bf16",))
 
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU with bf16, bf16=True alone trains on the GPU")
-def test_6_3_bf16_without_use_cpu_quotes_the_refusal():
-    from transformers import TrainingArguments
+def test_6_3_bf16_alone_quotes_transformers_refusal_which_names_use_cpu():
+    failed_saying(ex.check("6.3", {"bf16": True}), "refused", "use_cpu", "meant for the CPU")
 
-    def no_cpu(output_dir):
-        return TrainingArguments(output_dir=output_dir, eval_strategy="epoch", bf16=True)
 
-    failed_saying(ex.check("6.3", no_cpu), "use_cpu", "meant for the CPU")
+def test_6_3_other_mistakes_get_their_own_feedback():
+    failed_saying(ex.check("6.3", {"use_cpu": True}), "nothing in these arguments asks")
+    failed_saying(ex.check("6.3", {}), "nothing in these arguments asks")
+    failed_saying(ex.check("6.3", {"bf16": True, "no_cuda": True}), "no_cuda",
+                  "deprecated in transformers 4.32", hiding=("use_cpu",))
+    failed_saying(ex.check("6.3", {"bf16": True, "fp16": True, "use_cpu": True}),
+                  "at most one")
+    failed_saying(ex.check("6.3", {"bf16": True, "use_cpus": True}), "use_cpus")
+    failed_saying(ex.check("6.3", {**ASKED, "gradient_accumulation_steps": 1000}),
+                  "accumulate over 1000")
+    assert ex.check("6.3", {1: True}).status == "failed"
+    assert ex.check("6.3", [("bf16", True)]).status == "failed"
+
+
+def test_6_3_the_checks_own_run_settings_win_over_the_learners():
+    # a learner's output_dir or max_steps must not make the check write there or run long
+    result = ex.check("6.3", {**ASKED, "max_grad_norm": 0.0, "output_dir": "/nonexistent/x",
+                              "max_steps": 10_000, "per_device_train_batch_size": 64})
+    assert result.passed, result
 
 
 # --- 6.4 the missing master weights -----------------------------------------------------------

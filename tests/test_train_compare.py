@@ -29,7 +29,7 @@ def test_each_path_hides_more_of_the_loop_and_needs_fewer_lines():
                                                                     "trainer"))
     assert len(torch_path.steps_written) > len(accelerate.steps_written) > len(
         trainer.steps_written)
-    assert torch_path.lines_of_code > trainer.lines_of_code
+    assert torch_path.lines_of_code > accelerate.lines_of_code > trainer.lines_of_code
     assert "loss scaling" in accelerate.steps_hidden  # Accelerate's backward scales
     text = compare.diff("torch", "accelerate")
     assert any(line.startswith("-") and "scaler.scale(" in line for line in text.splitlines())
@@ -59,8 +59,8 @@ def test_the_counts_lessons_5_and_6_print_are_the_tagged_lines():
     """The chart's figures, pinned: a change to a path's code moves them only through its
     lines and tags, never through a variable's name."""
     counts = {r["path"]: (r["lines of code"], r["steps you write"]) for r in compare.profiles()}
-    assert counts == {"torch": (29, "9 of 9"), "accelerate": (30, "6 of 9"),
-                      "trainer": (20, "0 of 9")}
+    assert counts == {"torch": (26, "9 of 9"), "accelerate": (23, "6 of 9"),
+                      "trainer": (19, "0 of 9")}
     assert compare.steps_written("accelerate") == ("backward", "unscale + clip",
                                                    "optimizer step", "zero_grad",
                                                    "lr schedule", "accumulation")
@@ -68,6 +68,57 @@ def test_the_counts_lessons_5_and_6_print_are_the_tagged_lines():
     assert "training_args = TrainingArguments(" in trainer and "trainer.train(" in " ".join(
         trainer)
     assert not any("Run.start" in line or "run.finish" in line for line in trainer)
+
+
+def test_what_a_user_writes_counts_and_mplabs_record_of_the_run_does_not():
+    accelerate = compare.method_lines("accelerate")
+    # the objects a user builds count, every line of them
+    assert "accelerator = Accelerator(" in accelerate
+    assert "mixed_precision=MIXED_PRECISION[config.precision]," in accelerate
+    assert "model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(" in accelerate
+    assert "norm = accelerator.clip_grad_norm_(model.parameters()," in accelerate  # it clips
+    # imports are not counted (the torch path's sit at the top of its module)
+    assert not any(line.startswith(("from ", "import ")) for path in compare.FUNCTIONS
+                   for line in compare.method_lines(path))
+    # the running loss, the norm and the scale kept for the record are mplab's, and so is
+    # the `if` that holds only them
+    assert "step_loss, norm = 0.0, None" in compare.source("accelerate")
+    assert not any("step_loss" in line or "accelerator.scaler" in line for line in accelerate)
+    assert accelerate.count("if accelerator.sync_gradients:") == 1
+    torch_path = compare.method_lines("torch")
+    assert "loss = 0.0" not in torch_path and "norm = None" not in torch_path
+    assert "norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)" \
+        in torch_path
+
+
+def test_a_diff_without_bookkeeping_holds_only_the_counted_lines_with_their_step_tags():
+    text = compare.diff("accelerate", "trainer", bookkeeping=False)
+    changed = [line[1:] for line in text.splitlines()[2:] if line[:1] in "+- "
+               and not line.startswith("@@")]
+    assert sorted(line.split("  #")[0].strip() for line in changed) == sorted(
+        compare.method_lines("accelerate") + compare.method_lines("trainer"))
+    assert "-        accelerator.backward(loss)  # [backward]" in text.splitlines()
+    assert "run.record" not in text and "[mplab]" not in text
+    assert compare.user_code("torch").splitlines()[0] == "model, device = run.model, run.device"
+
+
+def test_versus_says_what_the_counts_say():
+    for old, new in [("torch", "accelerate"), ("accelerate", "trainer"), ("trainer", "torch"),
+                     ("torch", "torch")]:
+        a, b = compare.profile(old), compare.profile(new)
+        text = compare.versus(old, new)
+        gap = b.lines_of_code - a.lines_of_code
+        word = "fewer" if gap < 0 else "more" if gap > 0 else "as many"
+        assert text.startswith(f"{new}: {b.lines_of_code} lines of code to {old}'s "
+                               f"{a.lines_of_code} ({abs(gap)} {word})" if gap else
+                               f"{new}: {b.lines_of_code} lines of code to {old}'s "
+                               f"{a.lines_of_code} (as many)")
+        assert f"writes {len(b.steps_written)} of the 9 steps" in text
+        assert f"exposes {b.settings_exposed} settings to {old}'s {a.settings_exposed}" in text
+        for step in a.steps_hidden:
+            assert (step in text) == (step in b.steps_written)
+    assert "handing autocast, loss scaling and scaler update to the library" in compare.versus(
+        "torch", "accelerate")
 
 
 def test_a_tag_counts_its_statement_and_a_typo_is_an_error(monkeypatch):
@@ -90,3 +141,25 @@ def test_a_tag_counts_its_statement_and_a_typo_is_an_error(monkeypatch):
     monkeypatch.setitem(compare.FUNCTIONS, "torch", f"{__name__}:typo")
     with pytest.raises(ValueError, match=r"unknown tag \[loss-scaling\]; accepted: \[autocast\]"):
         compare.method_lines("torch")
+
+
+def test_record_only_statements_are_found_by_what_reads_them(monkeypatch):
+    def toy(run, model, optimizer, batches, clip):
+        total, norm = 0.0, None  # only the record reads these
+        kept = 0  # read by a counted statement: counted
+        for batch in batches:
+            loss = model(batch)
+            loss.backward()  # [backward]
+            total += loss.detach()
+            norm = clip(model)  # a call does work: counted, though only the record reads norm
+            kept += 1
+            if kept:  # holds only bookkeeping
+                size = total
+                run.record(size, norm)  # [mplab]
+        optimizer.step(kept)
+
+    monkeypatch.setitem(compare.FUNCTIONS, "torch", f"{__name__}:toy")
+    globals()["toy"] = toy
+    assert compare.method_lines("torch") == [
+        "kept = 0", "for batch in batches:", "loss = model(batch)", "loss.backward()",
+        "norm = clip(model)", "kept += 1", "optimizer.step(kept)"]

@@ -337,7 +337,7 @@ def _check_5_3(answer) -> str | None:
 
 # --- 5.4 where did the GradScaler go? ---------------------------------------------------------
 
-TORCH_CALLS_5_4 = {  # the torch path's mixed precision calls
+TORCH_CALLS_5_4 = {  # the mixed precision calls of lesson 4's loop, which clips
     "autocast": "with torch.autocast(device, dtype=torch.float16):",
     "scale": "scaler.scale(loss).backward()",
     "unscale_": "scaler.unscale_(optimizer)",
@@ -346,18 +346,30 @@ TORCH_CALLS_5_4 = {  # the torch path's mixed precision calls
 }
 ACCELERATE_CALLS_5_4 = {  # where an fp16 Accelerator on a GPU makes them
     "prepare": "model, optimizer = accelerator.prepare(model, optimizer)",
+    "forward": "loss = model(**batch).loss",
     "backward": "accelerator.backward(loss)",
     "clip_grad_norm_": "accelerator.clip_grad_norm_(model.parameters(), max_norm)",
     "optimizer.step": "optimizer.step()",
     "zero_grad": "optimizer.zero_grad()",
 }
 #: Read from accelerate's source (amp_behaviour.md §5) and checked against the real library in
-#: tests/test_exercises_lesson5.py, by a spying GradScaler.
-WHERE_5_4 = {"autocast": "prepare", "scale": "backward", "unscale_": "clip_grad_norm_",
+#: tests/test_exercises_lesson5.py, by a spying GradScaler, in a loop that clips (without
+#: clipping, scaler.step's own unscale_ runs inside optimizer.step).
+WHERE_5_4 = {"autocast": "forward", "scale": "backward", "unscale_": "clip_grad_norm_",
              "step": "optimizer.step", "update": "optimizer.step"}
+#: Feedback for a call placed at one particular wrong answer, where the generic one is unfair.
+WRONG_5_4 = {
+    ("autocast", "prepare"): "prepare wraps the model's forward once; an autocast is a "
+                             "context that is entered and left again each time the forward "
+                             "runs: in which call does it run?",
+    ("unscale_", "optimizer.step"): "The prepared step() (torch's scaler.step too) unscales "
+                                    "only gradients nothing has unscaled yet. In this loop, "
+                                    "which clips, something needs their true size before the "
+                                    "step: which call?",
+}
 WHY_5_4 = {
-    "autocast": "Autocast wraps the forward pass, and in Accelerate the forward pass is the "
-                "prepared model's: which call changed the model?",
+    "autocast": "Autocast covers the forward pass, and in Accelerate the forward pass is the "
+                "prepared model's: which call runs it?",
     "scale": "The loss is scaled on its way into the backward pass: which Accelerate call takes "
              "the loss?",
     "unscale_": "Gradients are unscaled where something needs their true size before the step: "
@@ -383,7 +395,8 @@ def _check_5_4(answer) -> str | None:
         return None
     first = wrong[0]
     more = f" ({len(wrong) - 1} more to look at.)" if len(wrong) > 1 else ""
-    return f"{first!r}: {WHY_5_4[first]}{more}"
+    why = WRONG_5_4.get((first, answer[first].strip()), WHY_5_4[first])
+    return f"{first!r}: {why}{more}"
 
 
 # --- the exercises ----------------------------------------------------------------------------
@@ -398,16 +411,19 @@ EXERCISES = {e.id: e for e in [
         prompt="Here is lesson 4's fp16 loop, written for a GPU:\n\n"
                f"{python_block(TORCH_LOOP)}\n\n"
                "Write its Accelerate version, `train_loop(accelerator, model, optimizer, "
-               "dataloader)`. The `accelerator` is made for you (`Accelerator(mixed_precision="
-               "...)`), so the precision is not your loop's business: hand Accelerate what it "
-               "needs, then loop. Your loop runs on the CPU with a real `Accelerator("
+               "dataloader)`, which trains and returns nothing. The `accelerator` is made for "
+               "you (`Accelerator(mixed_precision=...)`), so the precision is not your loop's "
+               "business. The check runs your loop on the CPU with a real `Accelerator("
                "mixed_precision=\"bf16\")` (bf16, as Accelerate ignores fp16 on a CPU: "
-               "section 3), on the lesson model and 3 batches of 8 reviews, and is compared "
-               "with the course's Accelerate loop, weights bit for bit; what your loop hands "
-               "the accelerator is watched too.",
+               "section 3), on the lesson model and 3 batches of 8 reviews, and requires three "
+               "things: the model, the optimizer and the dataloader each handed to "
+               "`accelerator.prepare` (the prepared dataloader is the one that deals the "
+               "batches out to the processes and puts them on the device); every backward "
+               "pass made through the accelerator; and, after the 3 steps, the same weights "
+               "as the course's Accelerate loop, bit for bit.",
         comment="the Accelerate version of train_loop",
         body="def train_loop(accelerator, model, optimizer, dataloader):\n"
-             "    return ...  # prepare, then loop",
+             "    ...  # prepare, then loop (it returns nothing)",
         key=REFERENCE_LOOP,
         arg='train_loop',
         check=_check_5_1, hidden=_hidden_5_1,
@@ -472,16 +488,18 @@ EXERCISES = {e.id: e for e in [
         id="5.4", title="Where did the GradScaler go?",
         prompt="On a GPU, `Accelerator(mixed_precision=\"fp16\")` builds a "
                "`torch.amp.GradScaler` and an fp16 autocast, and makes every call of lesson 4's "
-               f"loop for you. The torch loop's calls:\n\n{_listed(TORCH_CALLS_5_4)}\n\n"
-               "and the Accelerate calls of the course's loop (`model` and `optimizer` are the "
-               "prepared ones):\n\n"
+               "loop for you. The torch loop's calls (lesson 4's loop clips the gradients, so "
+               f"it unscales them first):\n\n{_listed(TORCH_CALLS_5_4)}\n\n"
+               "and the Accelerate calls of the course's loop, with clipping (`model` and "
+               "`optimizer` are the prepared ones):\n\n"
                f"{_listed(ACCELERATE_CALLS_5_4)}\n\n"
-               "For each torch call, name the Accelerate call inside which it now happens. "
-               "Answer with a dict from the torch names to the Accelerate names.",
+               "For each torch call, name the Accelerate call inside which it now happens, "
+               "at each step of the loop. Answer with a dict from the torch names to the "
+               "Accelerate names.",
         comment="the Accelerate call that makes each of the torch loop's calls",
         body="answer = {\"autocast\": ..., \"scale\": ..., \"unscale_\": ..., "
              "\"step\": ..., \"update\": ...}",
-        key="answer = {\"autocast\": \"prepare\",  # the prepared forward\n"
+        key="answer = {\"autocast\": \"forward\",  # the prepared model's\n"
             "          \"scale\": \"backward\",\n"
             "          \"unscale_\": \"clip_grad_norm_\",\n"
             "          \"step\": \"optimizer.step\",\n"
@@ -489,13 +507,13 @@ EXERCISES = {e.id: e for e in [
         check=_check_5_4,
         hints=(
             "Accelerate keeps the work where the torch loop did it; it only moves each call "
-            "into the object that is there at that moment: the model, the loss's backward, "
-            "the clipping, the optimizer.",
-            "prepare() wraps the model's forward; accelerator.backward(loss) takes the loss; "
-            "clip_grad_norm_ needs the true gradients; the prepared optimizer holds the "
-            "accelerator's scaler.",
-            "autocast in prepare's forward, scale in backward, unscale_ in clip_grad_norm_, and "
-            "both step and update inside the prepared optimizer's step().",
+            "into the object that is there at that moment: the model's forward, the loss's "
+            "backward, the clipping, the optimizer.",
+            "prepare() wraps the model's forward, so that each forward runs in an autocast; "
+            "accelerator.backward(loss) takes the loss; clip_grad_norm_ needs the true "
+            "gradients; the prepared optimizer holds the accelerator's scaler.",
+            "autocast in the prepared model's forward, scale in backward, unscale_ in "
+            "clip_grad_norm_, and both step and update inside the prepared optimizer's step().",
         )),
 ]}
 

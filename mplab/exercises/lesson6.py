@@ -3,26 +3,29 @@
     from mplab.exercises import lesson6 as ex
     ex.check("6.1", answer); ex.hint("6.1"); ex.solution("6.1")
 
-The references are the installed libraries and mplab's measurements: which steps each path
-writes comes from :mod:`mplab.train.compare` (the code `train(path=...)` runs); a learner's
-TrainingArguments are built by the installed transformers and trained for one real step by a
-real Trainer, its matmuls watched by :func:`mplab.audit.audit`; a learner's fix for a model
-loaded from a bf16 checkpoint is audited the same way.
+The references are the installed libraries and mplab's measurements: a learner's
+TrainingArguments are built by the installed transformers (6.1) and trained for one real
+optimizer step by a real Trainer, its forward passes and clipping counted and its matmuls
+watched by :func:`mplab.audit.audit` (6.3); which steps each path writes comes from
+:mod:`mplab.train.compare` (the code `train(path=...)` runs, 6.2); a learner's fix for a model
+loaded from a bf16 checkpoint is audited (6.4).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import math
 import os
 import tempfile
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 from mplab import data, models
-from mplab.audit import audit
+from mplab.audit import Audit, audit
 from mplab.exercises import (
     Exercise,
     Incorrect,
@@ -69,7 +72,90 @@ def _reviews(tokenizer, n: int = 8) -> dict[str, torch.Tensor]:
     return data.encode(tokenizer, train.texts[:n], train.labels[:n])
 
 
-# --- 6.1 what the Trainer takes over ----------------------------------------------------------
+# --- TrainingArguments as the installed transformers takes them, or why not ------------------
+
+def _training_arguments(answer: dict, output_dir: str, **fixed):
+    """TrainingArguments(**answer) for a one-step run in `output_dir` (`fixed` overriding
+    ONE_STEP's settings); its refusals become feedback."""
+    from transformers import TrainingArguments
+
+    try:
+        return TrainingArguments(**{**answer, **ONE_STEP, **fixed, "output_dir": output_dir})
+    except TypeError as err:
+        raise Incorrect(_unknown_argument(err)) from None
+    except ValueError as err:
+        raise Incorrect(_refused(err)) from None
+
+
+def _unknown_argument(err: TypeError) -> str:
+    said = str(err)
+    version = _transformers_version()
+    if "evaluation_strategy" in said:
+        return ("TrainingArguments no longer takes evaluation_strategy, the course's name for "
+                "when to evaluate: renamed in transformers 4.41, removed in 4.51 (this is "
+                f"{version}). help(TrainingArguments) lists today's names: one of them says "
+                "when to evaluate.")
+    if "no_cuda" in said:
+        return ("TrainingArguments no longer takes no_cuda: it was deprecated in transformers "
+                f"4.32 and is gone in 5 (this is {version}). Its replacement is named for the "
+                "device you want, not the one you don't.")
+    return (f"TrainingArguments (transformers {version}) refused these arguments: {said}. Use "
+            "its keyword names (help(TrainingArguments) lists them).")
+
+
+def _refused(err: ValueError) -> str:
+    said = str(err)
+    if "use_cpu" in said:
+        return (f"TrainingArguments refused: \"{said}\" Without a GPU that has bf16 units, the "
+                "Trainer accepts bf16 only when the arguments say that the run is meant for "
+                "the CPU.")
+    if "At most one" in said:
+        return (f"TrainingArguments refused: \"{said}\" fp16 and bf16 are two different "
+                "16-bit formats; a run computes in one of them.")
+    return f"TrainingArguments refused these arguments: {said}"
+
+
+# --- 6.1 the course's line, today -------------------------------------------------------------
+
+COURSE_LINE = ('TrainingArguments(output_dir=output_dir, evaluation_strategy="epoch", '
+               'fp16=True)')
+
+
+def _check_6_1(fn) -> str | None:
+    from transformers import TrainingArguments
+
+    with tempfile.TemporaryDirectory(prefix="mplab-6.1-") as folder, fresh_accelerate():
+        try:
+            args = fn(folder)
+        except TypeError as err:
+            if "unexpected keyword argument" in str(err):
+                return _unknown_argument(err)
+            raise Incorrect(f"course_arguments(output_dir) raised TypeError: {err}",
+                            status="error") from None
+        except ValueError as err:
+            return _refused(err)
+        except Exception as err:
+            raise Incorrect(f"course_arguments(output_dir) raised {type(err).__name__}: {err}",
+                            status="error") from None
+        if not isinstance(args, TrainingArguments):
+            return (f"course_arguments(output_dir) must return the TrainingArguments it builds; "
+                    f"it returned {type(args).__name__}.")
+        if os.path.abspath(str(args.output_dir)) != os.path.abspath(folder):
+            return (f"The arguments write to {args.output_dir!r}, not to the output_dir given "
+                    "to course_arguments: pass it on.")
+        strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+        if strategy != "epoch":
+            return (f"The course's line evaluates after every epoch; these arguments evaluate "
+                    f"on the strategy {strategy!r}. Keep the course's evaluation, under "
+                    "today's name.")
+        if not args.fp16:
+            return ("The course's line asks for fp16 mixed precision, and these arguments do "
+                    "not: keep its fp16=True (what it does on a CPU is for section 4). Only "
+                    "the name that no longer runs changes.")
+    return None
+
+
+# --- 6.2 what the Trainer takes over ----------------------------------------------------------
 
 STEPS = tuple(compare.STEPS)
 
@@ -81,7 +167,7 @@ def taken_over() -> set[str]:
     return set(accelerate.steps_written) - set(trainer.steps_written)
 
 
-def _check_6_1(answer) -> str | None:
+def _check_6_2(answer) -> str | None:
     if isinstance(answer, str) or not isinstance(answer, list | tuple | set):
         raise Incorrect(f"Give a list of step names, like [\"backward\"]; got "
                         f"{type(answer).__name__}.")
@@ -106,74 +192,73 @@ def _check_6_1(answer) -> str | None:
     return None
 
 
-# --- 6.2 bf16 on a CPU ------------------------------------------------------------------------
+# --- 6.3 change the steps through the arguments ---------------------------------------------
 
-def _training_arguments(answer: dict, output_dir: str):
-    """TrainingArguments(**answer) for a one-step run in `output_dir`; its refusals become
-    feedback."""
-    from transformers import TrainingArguments
+@dataclass(frozen=True)
+class OneStep:
+    """One optimizer step of a real Trainer, watched: the forward passes (micro-batches) it
+    took, how many times it clipped the gradients, and the audit of what ran."""
 
-    try:
-        return TrainingArguments(**{**answer, **ONE_STEP, "output_dir": output_dir})
-    except TypeError as err:
-        raise Incorrect(_unknown_argument(err)) from None
-    except ValueError as err:
-        raise Incorrect(_refused(err)) from None
+    forwards: int
+    clipped: int
+    audit: Audit
 
 
-def _unknown_argument(err: TypeError) -> str:
-    said = str(err)
-    version = _transformers_version()
-    if "evaluation_strategy" in said:
-        return ("TrainingArguments no longer takes evaluation_strategy, the course's name for "
-                "when to evaluate: renamed in transformers 4.41, removed in 4.51 (this is "
-                f"{version}). The lesson's section 2 shows its name today.")
-    if "no_cuda" in said:
-        return ("TrainingArguments no longer takes no_cuda: it was deprecated in transformers "
-                f"4.32 and is gone in 5 (this is {version}). Its replacement is named for the "
-                "device you want, not the one you don't.")
-    return (f"TrainingArguments (transformers {version}) refused these arguments: {said}. Use "
-            "its keyword names (help(TrainingArguments) lists them).")
-
-
-def _refused(err: ValueError) -> str:
-    said = str(err)
-    if "use_cpu" in said:
-        return (f"TrainingArguments refused: \"{said}\" Without a GPU that has bf16 units, the "
-                "Trainer accepts bf16 only when the arguments say that the run is meant for "
-                "the CPU.")
-    if "At most one" in said:
-        return (f"TrainingArguments refused: \"{said}\" fp16 and bf16 are two different "
-                "16-bit formats; a run computes in one of them.")
-    return f"TrainingArguments refused these arguments: {said}"
-
-
-def one_step_audit(args):
-    """Train the lesson model one step with a real Trainer and these arguments, on eight
-    lesson reviews; the audit of what ran (the matmuls watched over one more step)."""
+def one_step(args) -> OneStep:
+    """Train the lesson model one optimizer step with a real Trainer and these arguments (their
+    batch size and accumulation), on lesson reviews; count the model's forward passes and the
+    Trainer's calls of `accelerator.clip_grad_norm_` that clip (to a finite norm), then audit
+    what ran (the matmuls watched over one more step)."""
     from datasets import Dataset
     from transformers import PrinterCallback, Trainer
 
+    rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
     with _quiet_transformers(), fresh_accelerate():
         model = models.lesson_model()
-        batch = _reviews(models.lesson_tokenizer())
+        batch = _reviews(models.lesson_tokenizer(), rows)
         dataset = Dataset.from_dict({k: v.tolist() for k, v in batch.items()})
         trainer = Trainer(model=model, args=args, train_dataset=dataset)
         trainer.remove_callback(PrinterCallback)
-        trainer.train()
-        return audit(trainer.model, trainer.optimizer, accelerator=trainer.accelerator,
-                     batch=batch)
+        counts = Counter()
+        hook = model.register_forward_pre_hook(lambda *_: counts.update(["forwards"]))
+        clip = trainer.accelerator.clip_grad_norm_
+
+        def counted_clip(parameters, max_norm, *a, **kw):
+            # the Trainer also calls it with an infinite norm, only to measure the norm
+            counts["clipped"] += math.isfinite(max_norm)
+            return clip(parameters, max_norm, *a, **kw)
+
+        trainer.accelerator.clip_grad_norm_ = counted_clip
+        try:
+            trainer.train()
+        finally:
+            hook.remove()
+        found = audit(trainer.model, trainer.optimizer, accelerator=trainer.accelerator,
+                      batch=_reviews(models.lesson_tokenizer()))
+    return OneStep(counts["forwards"], counts["clipped"], found)
 
 
-def _check_6_2(answer) -> str | None:
+def one_step_audit(args):
+    """The audit of one optimizer step of a real Trainer with these arguments (`one_step`)."""
+    return one_step(args).audit
+
+
+#: What 6.3 asks of the Trainer's steps: micro-batches per optimizer step, and no clipping.
+ACCUMULATION_6_3 = 4
+#: The check's micro-batches: small, as 6.3's run takes ACCUMULATION_6_3 of them.
+MICRO_BATCH_6_3 = 2
+
+
+def _check_6_3(answer) -> str | None:
     if not isinstance(answer, dict):
         raise Incorrect(f"Give a dict of TrainingArguments' keyword arguments, like "
                         f"{{\"learning_rate\": 1e-3}}; got {type(answer).__name__}.")
     odd = [k for k in answer if not isinstance(k, str)]
     if odd:
         raise Incorrect(f"The dict's keys are argument names, as text; got {odd[0]!r}.")
-    with tempfile.TemporaryDirectory(prefix="mplab-6.2-") as folder:
-        args = _training_arguments(answer, folder)
+    with tempfile.TemporaryDirectory(prefix="mplab-6.3-") as folder:
+        args = _training_arguments(answer, folder,
+                                   per_device_train_batch_size=MICRO_BATCH_6_3)
         if not (args.bf16 or args.fp16):
             return ("Nothing in these arguments asks for a 16-bit format: the Trainer trains "
                     "in fp32 unless told otherwise.")
@@ -181,63 +266,35 @@ def _check_6_2(answer) -> str | None:
             return (f"These arguments train on {args.device} (this machine has a GPU): the "
                     "task is bf16 on the CPU, so they must say so (use_cpu is the argument "
                     "for the device).")
-        found = one_step_audit(args)
+        if args.max_grad_norm is None:
+            return (f"transformers {_transformers_version()} compares the clipping norm with 0 "
+                    "at every step (clipping happens when it is above 0), so None stops the "
+                    "training with a TypeError. Which number never is above 0?")
+        if not 1 <= args.gradient_accumulation_steps <= 8 * ACCUMULATION_6_3:
+            return (f"These arguments accumulate over {args.gradient_accumulation_steps} "
+                    f"micro-batches per optimizer step; the task is {ACCUMULATION_6_3}.")
+        run = one_step(args)
     if args.fp16:
         return (f"fp16=True raised no error, but in the one-step run the matmuls ran in "
-                f"{_name(found.compute_dtype)} (observed): the Trainer, through Accelerate, "
+                f"{_name(run.audit.compute_dtype)} (observed): the Trainer, through Accelerate, "
                 "ignores fp16 on a CPU without a word. The CPU's mixed precision is the other "
                 "16-bit format.")
-    if not found.mixed:
-        return f"The one-step run was not mixed precision: {found.verdict}."
+    if not run.audit.mixed:
+        return f"The one-step run was not mixed precision: {run.audit.verdict}."
+    if run.forwards != ACCUMULATION_6_3:
+        return (f"The Trainer ran {run.forwards} forward pass{'es' * (run.forwards != 1)} "
+                f"(micro-batch{'es' * (run.forwards != 1)}) for its one optimizer step; the "
+                f"task is {ACCUMULATION_6_3}. The Trainer steps after every micro-batch unless "
+                "told how many to accumulate.")
+    if run.clipped:
+        return ("The Trainer clipped the gradients before its step (it calls "
+                "accelerator.clip_grad_norm_, which unscales and clips): it clips to a norm "
+                "of 1.0 unless told otherwise. Which value of the clipping norm turns it off?")
     return None
 
 
 def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-# --- 6.3 the course's line, today -------------------------------------------------------------
-
-COURSE_LINE = ('TrainingArguments(output_dir=output_dir, evaluation_strategy="epoch", '
-               'fp16=True)')
-
-
-def _check_6_3(fn) -> str | None:
-    from transformers import TrainingArguments
-
-    with tempfile.TemporaryDirectory(prefix="mplab-6.3-") as folder, fresh_accelerate():
-        try:
-            args = fn(folder)
-        except TypeError as err:
-            if "unexpected keyword argument" in str(err):
-                return _unknown_argument(err)
-            raise Incorrect(f"course_arguments(output_dir) raised TypeError: {err}",
-                            status="error") from None
-        except ValueError as err:
-            return _refused(err)
-        except Exception as err:
-            raise Incorrect(f"course_arguments(output_dir) raised {type(err).__name__}: {err}",
-                            status="error") from None
-        if not isinstance(args, TrainingArguments):
-            return (f"course_arguments(output_dir) must return the TrainingArguments it builds; "
-                    f"it returned {type(args).__name__}.")
-        if os.path.abspath(str(args.output_dir)) != os.path.abspath(folder):
-            return (f"The arguments write to {args.output_dir!r}, not to the output_dir given "
-                    "to course_arguments: pass it on.")
-        strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
-        if strategy != "epoch":
-            return (f"The course's line evaluates after every epoch; these arguments evaluate "
-                    f"on the strategy {strategy!r}. Keep the course's evaluation, under "
-                    "today's name.")
-        if args.fp16:
-            return ("fp16=True is still there: on a CPU the Trainer ignores it and trains in "
-                    "fp32 (section 4 measured it). The task is bf16.")
-        if not args.bf16:
-            return "Nothing asks for bf16: these arguments train in fp32."
-        if args.device.type != "cpu":
-            return (f"These arguments train on {args.device} (this machine has a GPU): the task "
-                    "is a CPU, so say so (use_cpu is the argument for the device).")
-    return None
 
 
 # --- 6.4 the missing master weights -----------------------------------------------------------
@@ -307,13 +364,41 @@ def _tiny_bf16() -> torch.nn.Module:
 
 EXERCISES = {e.id: e for e in [
     Exercise(
-        id="6.1", title="What the Trainer takes over",
-        prompt="The diff above shows what moving from lesson 5's Accelerate loop to the "
-               "Trainer removes (-) and adds (+). The Accelerate loop still writes some parts "
-               "of a training step itself (Accelerate does the others inside the prepared "
-               "model and optimizer, and still does them under the Trainer). Of the parts the "
-               "Accelerate loop writes itself, which does the Trainer take over? All nine "
-               "parts, as mplab.train.compare names them:\n\n"
+        id="6.1", title="The course's line, today",
+        prompt="The course wrote this line, for an older transformers:\n\n"
+               + python_block(f"training_args = {COURSE_LINE}")
+               + "\n\nWith the transformers installed here it fails before anything trains "
+               "(the cell above). Write `course_arguments(output_dir)`, which returns the "
+               "course's arguments as today's transformers takes them: the same settings "
+               "(evaluated after every epoch, `fp16=True`), under today's names. The check "
+               "calls it and reads the `TrainingArguments` it returns.",
+        comment="the course's TrainingArguments line, for today's transformers",
+        body="def course_arguments(output_dir):\n"
+             "    return ...  # TrainingArguments(output_dir=output_dir, ...)",
+        key="def course_arguments(output_dir):\n"
+            "    return TrainingArguments(output_dir=output_dir, eval_strategy=\"epoch\", "
+            "fp16=True)",
+        arg='course_arguments',
+        check=_check_6_1,
+        hints=(
+            "Libraries rename arguments between versions: the error names the old one, and "
+            "the installed TrainingArguments lists the names it takes today.",
+            "help(TrainingArguments) lists them; or [f.name for f in dataclasses.fields("
+            "TrainingArguments) if \"strategy\" in f.name]. One of them says when to "
+            "evaluate.",
+            "TrainingArguments(output_dir=output_dir, <evaluation_strategy's shorter name "
+            "today>=\"epoch\", fp16=True).",
+        )),
+    Exercise(
+        id="6.2", title="What the Trainer takes over",
+        prompt="The diff above shows the code a user writes on lesson 5's Accelerate path "
+               "(`-` lines) and on the Trainer path (`+` lines). Of the nine parts of a "
+               "training step (as `mplab.train.compare` names them, below), the Accelerate "
+               "loop writes some in its own lines; the others Accelerate already did out of "
+               "sight, inside the prepared model and optimizer, and it still does them under "
+               "the Trainer. Which parts that the Accelerate loop writes itself does the "
+               "Trainer path's code no longer write? Leave out the parts Accelerate already "
+               "did out of sight. The nine parts:\n\n"
                + "\n".join(f"- `{name}`" for name in STEPS)
                + "\n\nAnswer with a list of names, e.g. `[\"backward\"]`. The check compares it "
                "with what `compare` measures in the code that runs.",
@@ -321,10 +406,11 @@ EXERCISES = {e.id: e for e in [
         body="answer = ...  # a list of step names",
         key="answer = [\"backward\", \"unscale + clip\", \"optimizer step\", \"zero_grad\",\n"
             "          \"lr schedule\", \"accumulation\"]  # the whole loop body",
-        check=_check_6_1,
+        check=_check_6_2,
         hints=(
             "A step the Accelerate loop writes is a call in its code: find them in the - "
-            "lines of the loop. The + lines hold no loop at all.",
+            "lines, where each such statement carries its step's tag. The + lines hold no "
+            "loop at all.",
             "compare.profile(\"accelerate\").steps_written lists what the Accelerate code "
             "writes; compare.profile(\"trainer\").steps_written what the Trainer path writes.",
             "Everything in the Accelerate loop's body: backward, clipping, the optimizer and "
@@ -332,50 +418,35 @@ EXERCISES = {e.id: e for e in [
             "scaler, which Accelerate had already hidden.",
         )),
     Exercise(
-        id="6.2", title="bf16 on a CPU",
-        prompt="Which `TrainingArguments` make the Trainer train in bf16 mixed precision on "
-               "a CPU? Answer with a dict of keyword arguments, e.g. "
-               "`{\"learning_rate\": 1e-3}`. The check builds `TrainingArguments(**answer)` "
-               "with the installed transformers (adding an `output_dir` and making it a "
-               "one-step run that saves and reports nothing), trains the lesson model one "
-               "step with a real `Trainer`, and audits which dtype its matmuls ran in.",
-        comment="TrainingArguments for bf16 on a CPU",
+        id="6.3", title="Change the Trainer's steps through its arguments",
+        prompt="The Trainer writes the loop, so you change its steps through "
+               "`TrainingArguments`. Two of the steps it took over from the Accelerate loop: "
+               "it takes one micro-batch per optimizer step unless told to accumulate, and it "
+               "clips the gradients (unscale + clip) to a norm of 1.0 unless told otherwise. "
+               "Which `TrainingArguments` make the Trainer train in bf16 mixed precision on "
+               f"this CPU, accumulating the gradients of {ACCUMULATION_6_3} micro-batches for "
+               "each optimizer step, with no gradient clipping at all? Answer with a dict of "
+               "keyword arguments, e.g. `{\"learning_rate\": 1e-3}`. The check builds "
+               "`TrainingArguments(**answer)` with the installed transformers (adding an "
+               f"`output_dir`, micro-batches of {MICRO_BATCH_6_3} reviews, and one optimizer "
+               "step that saves and reports nothing), trains the lesson model with a real "
+               "`Trainer`, counts its forward passes and its calls of "
+               "`accelerator.clip_grad_norm_`, and audits which dtype its matmuls ran in.",
+        comment="TrainingArguments: bf16 on this CPU, accumulation, no clipping",
         body="answer = ...  # a dict of keyword arguments",
-        key="answer = {\"bf16\": True, \"use_cpu\": True}",
-        check=_check_6_2,
-        hints=(
-            "Two things to say: which 16-bit format (fp16 is ignored on a CPU, section 4), "
-            "and that the run is meant for the CPU, which the Trainer wants said when bf16 "
-            "is asked for without a bf16 GPU.",
-            "The format is a True/False argument named after it; the device argument replaced "
-            "no_cuda in transformers 4.32.",
-            "{\"bf16\": True, plus the argument whose name says \"use the CPU\": True}.",
-        )),
-    Exercise(
-        id="6.3", title="The course's line, today",
-        prompt="The course wrote this line for a GPU and an older transformers:\n\n"
-               + python_block(f"training_args = {COURSE_LINE}")
-               + "\n\nWrite `course_arguments(output_dir)` that returns the same arguments as "
-               "today's transformers takes them, for bf16 mixed precision on a CPU: evaluated "
-               "after every epoch, as the course's are. The check calls it and reads the "
-               "`TrainingArguments` it returns.",
-        comment="the course's TrainingArguments line for today's transformers, "
-                "bf16 on a CPU",
-        body="def course_arguments(output_dir):\n"
-             "    return ...  # TrainingArguments(output_dir=output_dir, ...)",
-        key="def course_arguments(output_dir):\n"
-            "    from transformers import TrainingArguments\n\n"
-            "    return TrainingArguments(output_dir=output_dir, eval_strategy=\"epoch\",\n"
-            "                             bf16=True, use_cpu=True)",
-        arg='course_arguments',
+        key=f"answer = {{\"bf16\": True, \"use_cpu\": True,\n"
+            f"          \"gradient_accumulation_steps\": {ACCUMULATION_6_3}, "
+            f"\"max_grad_norm\": 0.0}}",
         check=_check_6_3,
         hints=(
-            "Three changes: one argument was renamed, fp16 does nothing on a CPU, and bf16 on "
-            "a CPU must be told it is meant for the CPU.",
-            "Section 2 printed the rename (renamed(...) from mplab.train.trainer_path); "
-            "section 4 printed what bf16 without a GPU needs.",
-            "TrainingArguments(output_dir=output_dir, <the renamed strategy>=\"epoch\", "
-            "bf16=True, <the CPU argument>=True).",
+            "Three things to say: bf16 on the CPU (as the lesson's runs say it), how many "
+            "micro-batches each optimizer step accumulates, and a clipping norm that never "
+            "clips.",
+            "help(TrainingArguments) lists every argument with its default: look for the "
+            "accumulation steps, and for the maximum gradient norm (default 1.0, and the "
+            "Trainer clips only when it is above 0).",
+            f"{{\"bf16\": True, \"use_cpu\": True, \"gradient_accumulation_steps\": "
+            f"{ACCUMULATION_6_3}, <the maximum gradient norm>: 0.0}}.",
         )),
     Exercise(
         id="6.4", title="Find the missing master weights",
