@@ -127,6 +127,7 @@ def test_a_cpu_without_units_has_no_crossover_and_the_rows_say_why():
     assert found["workload"] is None and "no fp16 units" in found["text"]
     text = why.explain_row(rows[1], rows, "cpu")
     assert "50× slower than fp32" in text and "avx512_fp16 / amx_fp16" in text
+    assert "too small to pay" not in text  # the missing units, not the size, are the reason
     assert "peak memory 1.30× fp32's" in text and "MORE than fp32's" in text
     assert "two precisions" in text and "+0.10%" in text
 
@@ -146,6 +147,28 @@ def test_the_explanations_follow_the_measurements():
     assert "memory-bound ops" in slow and "0.90× fp32's" in slow and "not the 0.5×" in slow
     fast = why.explain_row(small[7], small, "cpu")
     assert "1.9× fp32" in fast and "keep the bf16 units busy" in fast
+
+
+def test_the_multiple_of_8_words_follow_the_pair_measured_and_the_units():
+    def pair(ragged, aligned, precision="bf16", units=True):
+        rows = [matmul_row(255, precision, 1.0, ragged, units),
+                matmul_row(256, precision, 1.0, aligned, units)]
+        return why.explain_row(rows[0], rows, "cpu"), why.explain_row(rows[1], rows, "cpu")
+
+    slower, aligned = pair(80, 100)
+    assert "255 is not a multiple of 8: 80 GFLOP/s against 100 at 256 (0.80×)" in slower
+    assert "tail loop" in slower and "multiple of 8" not in aligned
+    same, _ = pair(98, 100)
+    assert "yet it ran about as fast as 256" in same and "too small a share" in same
+    # faster at 255 with units: said as measured, against the rule, never as the rule
+    faster, _ = pair(150, 100)
+    assert "yet it ran faster than 256: 150 GFLOP/s against 100 at 256 (1.50×)" in faster
+    assert "against the multiple-of-8 rule" in faster and "tail loop" not in faster
+    # without units for the precision (a CPU converting every element) the rule need not hold
+    emulated, _ = pair(2.9, 1.3, units=False)
+    assert "yet it ran faster than 256: 2.9 GFLOP/s against 1.3 at 256 (2.23×)" in emulated
+    assert "none for bf16, so it need not hold here" in emulated
+    assert "does not explain it" in pair(1.0, 1.3, "fp16", units=False)[0]
 
 
 def test_targets_print_the_measured_figure_and_whether_it_was_met():

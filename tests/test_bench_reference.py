@@ -86,21 +86,84 @@ def test_the_figure_draws_from_the_record_and_from_json_rows(record, mine, tmp_p
     for given in (rows, mine, [sweep.BenchRow(**r) for r in rows]):
         fig = bench.bench_plot(given)
         speed, memory = fig.axes
-        # the 1× line (fp32), then one curve per low precision, over the model sizes
+        # the 1× line (fp32), then each low precision's speed-ups, smallest model first
         one = speed.lines[0]
         assert list(one.get_ydata()) == [1.0, 1.0] and one.get_label() == "fp32 (1×)"
-        curves = {line.get_label(): line for line in speed.lines[1:]}
-        assert set(curves) == {"bf16", "fp16"}
+        drawn = drawn_speedups(speed)
+        assert set(drawn) == {"bf16", "fp16"}
         bf16 = sorted((r for r in rows if r["kind"] == "model" and r["precision"] == "bf16"),
                       key=lambda r: r["parameters"])
-        assert list(curves["bf16"].get_ydata()) == [r["speedup_vs_fp32"] for r in bf16]
-        assert list(curves["bf16"].get_xdata()) == [r["parameters"] / 1e6 for r in bf16]
+        assert drawn["bf16"] == [r["speedup_vs_fp32"] for r in bf16]
         assert {line.get_label() for line in memory.lines} == {"fp32", "bf16", "fp16"}
+        assert not overlapping_labels(fig)
         assert "speed-up" in speed.get_ylabel() and "memory" in memory.get_ylabel()
     assert fig.get_suptitle() == ""  # rows alone carry no device; a record does
     assert bench.bench_plot(mine).get_suptitle() == mine["device"]
     with pytest.raises(ValueError, match="model rows"):
         bench.bench_plot([r for r in rows if r["kind"] == "matmul"])
+
+
+def drawn_speedups(ax) -> dict[str, list[float]]:
+    """{precision: the speed-ups the panel draws}: a curve's points, or a bar's height."""
+    drawn = {line.get_label(): list(line.get_ydata()) for line in ax.lines[1:]}
+    drawn.update({bars.get_label(): [b.get_height() for b in bars] for bars in ax.containers})
+    return drawn
+
+
+def overlapping_labels(fig) -> list[tuple[str, str]]:
+    """Pairs of texts (point and bar labels, tick labels) drawn over each other on one axes."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    found = []
+    for ax in fig.axes:
+        texts = [t for t in [*ax.texts, *ax.get_xticklabels()] if t.get_text()]
+        boxes = [t.get_window_extent(renderer) for t in texts]
+        found += [(texts[i].get_text(), texts[j].get_text())
+                  for i in range(len(texts)) for j in range(i + 1, len(texts))
+                  if boxes[i].overlaps(boxes[j])]
+    return found
+
+
+def model_rows(sizes, precision, speedups):
+    """Model rows as the sweep writes them, at (hidden, layers, parameters) sizes."""
+    return [sweep.BenchRow(f"train hidden {h}, {n} layers", "model", precision, 100 * s,
+                           "samples/s", s, (p // 1000) * 2**20, "test", hidden=h, layers=n,
+                           parameters=p) for (h, n, p), s in zip(sizes, speedups)]
+
+
+SIZES = ((128, 2, 320_000), (256, 4, 2_300_000), (512, 4, 8_800_000))
+
+
+def test_one_timed_size_draws_a_bar_per_precision_with_its_value_and_its_size():
+    # a CPU without bf16/fp16 units: both timed at the lesson size only, close to each other
+    rows = (model_rows(SIZES, "fp32", (1, 1, 1)) + model_rows(SIZES[:1], "bf16", (0.12,))
+            + model_rows(SIZES[:1], "fp16", (0.11,)))
+    fig = bench.bench_plot(rows)
+    speed, memory = fig.axes
+    assert drawn_speedups(speed) == {"bf16": [0.12], "fp16": [0.11]}
+    assert len(speed.lines) == 1  # the 1× line; no one-point curves
+    assert [t.get_text() for t in speed.texts] == ["0.12×", "0.11×"]
+    ticks = [t.get_text() for t in speed.get_xticklabels()]
+    assert ticks == ["bf16\nhidden 128, 2 layers", "fp16\nhidden 128, 2 layers"]
+    assert "hidden 128, 2 layers" in speed.get_title() and "bf16 and fp16" in speed.get_title()
+    assert [t.get_text() for t in memory.get_xticklabels()] == ["0.32\n128/2", "2.3\n256/4",
+                                                                "8.8\n512/4"]
+    assert not overlapping_labels(fig)
+
+
+def test_several_timed_sizes_draw_curves_over_sizes_named_under_their_ticks():
+    # bf16 at every size, fp16 at the smallest only (a CPU with bf16 units and no fp16 ones)
+    rows = (model_rows(SIZES, "fp32", (1, 1, 1)) + model_rows(SIZES, "bf16", (0.7, 1.4, 2.1))
+            + model_rows(SIZES[:1], "fp16", (0.68,)))
+    fig = bench.bench_plot(rows)
+    speed, _ = fig.axes
+    curves = {line.get_label(): line for line in speed.lines[1:]}
+    assert list(curves["bf16"].get_xdata()) == [p / 1e6 for _, _, p in SIZES]
+    assert list(curves["fp16"].get_ydata()) == [0.68] and not speed.containers
+    ticks = [t.get_text() for t in speed.get_xticklabels()]
+    assert ticks == ["0.32\n128/2", "2.3\n256/4", "8.8\n512/4"]
+    assert "vs model size" in speed.get_title()
+    assert not overlapping_labels(fig)
 
 
 def write(folder, name, value):

@@ -38,6 +38,28 @@ def test_7_4_the_mystery_runs_are_what_diagnose_says_and_a_swap_is_caught():
     assert "not a cause" in message("7.4", {"A": "nan", "B": "x", "C": "y"})
 
 
+def test_7_4_the_loops_it_shows_are_the_lab_code_that_made_the_records():
+    from mplab import lab
+
+    code = {k: lab.FAILURES[name].code for k, name in ex.MYSTERY.items()}
+    loops = ex.MYSTERY_LOOPS
+    assert code["A"].count("torch.optim.AdamW(") == 2 and "lr=10 * LR" in code["A"]
+    assert "growth_interval=10" in code["A"] and "`GradScaler(growth_interval=10)`" in loops["A"]
+    assert "two AdamW" in loops["A"] and f"lr {10 * lab.LR:g}" in loops["A"]
+    assert "GradScaler(device.type)" in code["B"] and "max_norm=1.0" in code["B"]
+    assert "max_norm=1.0" in loops["B"] and "65536" in loops["B"]
+    assert "* 2**-16" in code["C"] and "2**-16" in loops["C"]
+    # the loops say nothing of their cause, and the counts say what they count
+    for loop in loops.values():
+        assert not any(name in loop for name in ex.CAUSES)
+    prompt = ex.EXERCISES["7.4"].prompt
+    assert all(loop in prompt for loop in loops.values())
+    assert "the one `scaler.step` makes itself" in prompt
+    runs = ex._mystery_runs()
+    assert {len(r.losses) for r in runs.values()} == {int(ex._STEPS_7_4)}
+    assert f"{ex._STEPS_7_4} iterations" in prompt
+
+
 def _buggy():
     namespace = {}
     exec("import torch\n" + ex.BUGGY_7_5, namespace)

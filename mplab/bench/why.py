@@ -39,6 +39,8 @@ def explain_row(row: BenchRow, rows: list[BenchRow], device: str) -> str:
         parts += _why_matmul(row, rows, device)
     elif p != "fp32":
         parts.append(_why_model_speed(row, rows))
+    if row.kind == "matmul":
+        parts.append(_why_ragged(row, rows, device))
     if row.kind == "model" and p != "fp32":
         parts.append(_why_memory(row, rows))
         if row.loss_change is not None:
@@ -64,17 +66,43 @@ def _why_matmul(row: BenchRow, rows: list[BenchRow], device: str) -> list[str]:
                          "conversions cost as much as the faster multiplies save)")
         else:
             parts.append(f"{s:.2f}× fp32: half the bytes, but no faster arithmetic for it here")
-    if n % 8:
-        twin = min((r for r in same if r.n % 8 == 0), key=lambda r: abs(r.n - n), default=None)
-        if twin is not None:
-            tile = ("tensor cores take their tiles in multiples of 8 (16 bytes) and pad or "
-                    "fall back to slower kernels otherwise" if device == "cuda" else
-                    "the vector units take 16 or 32 elements at a time and run the ragged edge "
-                    "in a tail loop")
-            ratio = row.throughput / twin.throughput
-            parts.append(f"{n} is not a multiple of 8: {row.throughput:.0f} GFLOP/s against "
-                         f"{twin.throughput:.0f} at {twin.n} ({ratio:.2f}×); {tile}")
     return parts
+
+
+def _why_ragged(row: BenchRow, rows: list[BenchRow], device: str) -> str:
+    """A matmul whose size is not a multiple of 8, against the nearest one that is, in its
+    precision: what the pair measured here, and whether the multiple-of-8 rule explains it."""
+    n, p = row.n, row.precision
+    twin = min((r for r in rows if r.kind == "matmul" and r.precision == p and r.n % 8 == 0),
+               key=lambda r: abs(r.n - n), default=None)
+    if not n % 8 or twin is None:
+        return ""
+    ratio = row.throughput / twin.throughput
+    measured = (f"{_rate(row.throughput)} GFLOP/s against {_rate(twin.throughput)} at "
+                f"{twin.n} ({ratio:.2f}×)")
+    if row.has_units is False:
+        # The rule comes from units that take their operands in tiles; a CPU without units
+        # for the precision converts every element, so nothing makes the rule hold there.
+        rule = ("the multiple-of-8 rule is about units that take tiles (tensor cores, AMX), "
+                f"and this CPU has none for {p}, so ")
+        if ratio < 1 / BEATS:
+            return f"{n} is not a multiple of 8: {measured}; {rule}that rule does not explain it"
+        how = "about as fast as" if ratio <= BEATS else "faster than"
+        return (f"{n} is not a multiple of 8, yet it ran {how} {twin.n}: {measured}; "
+                f"{rule}it need not hold here")
+    if ratio < 1 / BEATS:
+        tile = ("tensor cores take their tiles in multiples of 8 (16 bytes) and pad or fall "
+                "back to slower kernels otherwise" if device == "cuda" else
+                "the vector units take 16 or 32 elements at a time and run the ragged edge in "
+                "a tail loop")
+        return f"{n} is not a multiple of 8: {measured}; {tile}"
+    if ratio <= BEATS:
+        return (f"{n} is not a multiple of 8, yet it ran about as fast as {twin.n}: {measured}; "
+                "the ragged edge is too small a share of this matmul to show")
+    return (f"{n} is not a multiple of 8, yet it ran faster than {twin.n}: {measured}, against "
+            f"the multiple-of-8 rule: here another cost weighed more at {twin.n} than the "
+            f"ragged edge did at {n} (a rerun of `python -m mplab.bench` shows whether it "
+            "repeats)")
 
 
 def _why_model_speed(row: BenchRow, rows: list[BenchRow]) -> str:
@@ -106,6 +134,10 @@ def _why_memory(row: BenchRow, rows: list[BenchRow]) -> str:
 
 def _times(x: float) -> str:
     return f"{x:.0f}×" if x >= 10 else f"{x:.1f}×"
+
+
+def _rate(x: float) -> str:
+    return f"{x:.0f}" if x >= 10 else f"{x:.1f}"
 
 
 def _mib(n: int) -> str:

@@ -11,6 +11,7 @@ and torch's own bf16 casts for the rounding a learner writes.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
@@ -47,9 +48,10 @@ def right_7_1() -> str:
 
 
 _LOOK_AT_THE_MACHINE = (
-    "Look at this machine first: the benchmark's header (mplab.hardware.describe) says "
-    "whether the CPU has bf16 units, and so does the larger model's row: with units it gets "
-    "faster as the matrices grow, without them it never does.")
+    "Look at this machine first: the benchmark's header (mplab.hardware.describe(), the "
+    "table's caption) says whether the CPU has bf16 units. With them, bf16 gets faster as the "
+    "matrices grow (the larger models' rows); without them, no size helps, and the bench "
+    "times bf16 at the smallest size only.")
 _check_7_1 = multiple_choice(CHOICES_7_1, right_7_1, {
     "a": _LOOK_AT_THE_MACHINE, "b": _LOOK_AT_THE_MACHINE,
     "c": "bf16 has fp32's exponent range: it needs no GradScaler, and the lesson's bf16 rows "
@@ -61,6 +63,27 @@ _check_7_1 = multiple_choice(CHOICES_7_1, right_7_1, {
 # --- 7.4 read the records ---------------------------------------------------------------------
 
 MYSTERY = {"A": "extra_update", "B": "clip_before_unscale", "C": "no_scaler"}
+
+_TORCH_SCALER = torch.amp.GradScaler("cpu")  # torch's defaults, to say them as they are
+#: The loop behind each mystery run, as the lab's code has it (tests compare the two), with
+#: what a reader needs to weigh the figures and nothing of the cause.
+MYSTERY_LOOPS = {
+    "A": f"two AdamW optimizers, one for the classifier head at lr {10 * lab.LR:g} and one for "
+         f"the rest of the model at lr {lab.LR:g}, both stepped through one "
+         "`GradScaler(growth_interval=10)` (its scale doubles after 10 updates in a row without "
+         f"an inf, instead of torch's {_TORCH_SCALER.get_growth_interval()})",
+    "B": f"one AdamW at lr {lab.LR:g}, a default `GradScaler()` (its scale starts at "
+         f"{_TORCH_SCALER.get_scale():.0f}), and `torch.nn.utils.clip_grad_norm_("
+         "model.parameters(), max_norm=1.0)` in every iteration",
+    "C": f"one AdamW at lr {lab.LR:g}, the loss multiplied by 2**-16 before `backward()` (the "
+         "lab's stand-in for a large model's small gradients)",
+}
+_STEPS_7_4 = "/".join(sorted({str(inspect.signature(lab.FAILURES[name].runner)
+                                  .parameters["steps"].default) for name in MYSTERY.values()}))
+
+
+_STEPS_7_4 = "/".join(sorted({str(inspect.signature(lab.FAILURES[name].runner)
+                                  .parameters["steps"].default) for name in MYSTERY.values()}))
 
 
 @functools.cache
@@ -283,18 +306,27 @@ EXERCISES = {e.id: e for e in in_order([
         check=_check_7_1,
         hints=(
             "Two things can make bf16 slow on a CPU: hardware that cannot do it, and work too "
-            "small to repay the conversions. The benchmark's header and its larger sizes "
-            "tell them apart.",
-            "mplab.hardware.describe() (the header) names the CPU's bf16 units; the "
-            "512-hidden row shows what bf16 does once the matrices are bigger.",
+            "small to repay the conversions. The benchmark's header tells them apart.",
+            "mplab.hardware.describe() (the first cell's output, the table's caption) names "
+            "the CPU's bf16 units. Where it has them, the bench times bf16 at the larger sizes "
+            "too, and those rows show what bf16 does once the matrices are bigger.",
             "With bf16 units present, the size is to blame; without them, the hardware.",
         )),
     Exercise(
         id="7.4", title="Read three broken runs",
         prompt="The table above (printed by `ex.mystery_records()`) shows three broken fp16 "
-               "runs of the lab model, A, B and C, by the figures the recorder saw. Name the "
-               "cause of each, without calling `mplab.diagnose`, as a dict from letter to a "
-               "cause name of `mplab.diagnosis.CAUSES`:\n\n"
+               f"runs of the lab model, A, B and C, {_STEPS_7_4} iterations each, by the "
+               "figures the "
+               "recorder saw. Their loops (each scales the loss, calls `backward()`, then "
+               "`scaler.step` and `scaler.update`, where it has a scaler):\n\n"
+               + "\n".join(f"- {k}: {loop}" for k, loop in MYSTERY_LOOPS.items())
+               + "\n\nThe last column counts each scaler method's calls in one iteration, as "
+               "the recorder saw them: `step` once for each optimizer it stepped, and "
+               "`unscale_` every unscaling, including the one `scaler.step` makes itself for "
+               "an optimizer the loop did not unscale first (so a loop that never calls "
+               "`unscale_` still shows one per optimizer). Name the cause of each run, without "
+               "calling `mplab.diagnose`, as a dict from letter to a cause name of "
+               "`mplab.diagnosis.CAUSES`:\n\n"
                + "\n".join(f"- `{name}`: {title}" for name, title in CAUSES.items()
                            if name in ("extra_update", "clip_before_unscale", "no_scaler",
                                        "scale_collapse", "accumulation_scaler", "fp16_overflow"))
@@ -307,8 +339,9 @@ EXERCISES = {e.id: e for e in in_order([
         hints=(
             "Each cause leaves one figure a healthy run does not have: a count of calls, a "
             "norm out of all proportion, or gradients that are mostly zero.",
-            "A healthy fp16 run calls unscale_, step and update once per iteration, clips "
-            "norms of order 1, has a scaler, and few zero gradients.",
+            "A healthy fp16 run unscales and steps each optimizer once and updates the scale "
+            "once per iteration, after the last optimizer stepped; it clips norms of order 1, "
+            "has a scaler, and few zero gradients.",
             "Two update() per iteration; a norm near the scale (65536); no scaler and 99 % "
             "zeros.",
         )),
@@ -380,7 +413,7 @@ EXERCISES = {e.id: e for e in in_order([
     Exercise(
         id="7.2", title="The fix for an activation overflow",
         prompt="A model pretrained in bf16 gives a NaN loss at the first fp16 step: a "
-               "feed-forward output reaches 100,000 (section 2's T5-like model). Which fix "
+               "feed-forward output reaches 100,000 (the T5-like run above). Which fix "
                "works?\n\n" + choice_list(CHOICES_7_2),
         comment="the fix for an fp16 activation overflow",
         body="answer = ...  # \"a\", \"b\", \"c\" or \"d\"",
