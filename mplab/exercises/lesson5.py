@@ -441,8 +441,9 @@ EXERCISES = {e.id: e for e in [
     Exercise(
         id="5.2", title="Why was fp16 no faster?",
         prompt="On a GPU, `Accelerator(mixed_precision=\"fp16\")` makes training faster. On "
-               "a CPU, `train(path=\"accelerate\", precision=\"fp16\")` gave no speed-up over "
-               "the fp32 run (the table above). Why? Pick the "
+               "a CPU, `train(path=\"accelerate\", precision=\"fp16\")` trained at fp32's speed, "
+               "give or take this machine's noise, to the same losses bit for bit (the table "
+               "above). Why? Pick the "
                f"reason:\n\n{choice_list(CHOICES_5_2)}\n\nAnswer with its letter. The answer "
                "is checked against `mplab.audit`'s audit of a real "
                "`Accelerator(mixed_precision=\"fp16\")` on this CPU.",
