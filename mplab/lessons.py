@@ -101,8 +101,9 @@ class ScalerRun:
     def history_rows(self) -> list[dict]:
         """One row per iteration so far (an mplab GradScaler keeps its history): the scale it
         used, whether it found an inf/NaN, whether the step was taken, the new scale and the
-        growth tracker."""
-        return [{"iteration": r.iteration, "scale used": r.scale, "inf/NaN found": r.found_inf,
+        growth tracker. Iterations count from 1, as a training run's steps do."""
+        return [{"iteration": r.iteration + 1, "scale used": r.scale,
+                 "inf/NaN found": r.found_inf,
                  "step": "taken" if all(r.stepped.values()) else "skipped",
                  "new scale": r.new_scale, "tracker": r.growth_tracker}
                 for r in self.scaler.history]

@@ -228,8 +228,8 @@ def scaler_timeline_plot(history, ax=None, *, init_scale=None, pyplot: bool = Tr
     bars, right axis). `history` is ``mplab.scaler.GradScaler.history`` (records with
     ``scale``, ``new_scale``, ``growth_tracker``, ``found_inf``), or an fp16
     ``mplab.train.TrainResult`` (its scales and skipped steps; a run records no tracker, so
-    there are no bars); with no records yet the axes show `init_scale` alone. Returns the
-    figure."""
+    there are no bars); with no records yet the axes show `init_scale` alone. Iterations
+    count from 1, as a run's `skipped_steps` do. Returns the figure."""
     records = _scaler_records(history)
     if any(not all(hasattr(r, k) for k in ("scale", "new_scale", "growth_tracker", "found_inf"))
            for r in records):
@@ -240,18 +240,18 @@ def scaler_timeline_plot(history, ax=None, *, init_scale=None, pyplot: bool = Tr
         ax = fig.subplots()
         fig.subplots_adjust(left=0.1, right=0.9, bottom=0.17, top=0.88)
     bars = ax.twinx()
-    it = np.arange(len(records))
+    it = np.arange(1, len(records) + 1)  # iteration k at x = k, counting from 1
     trackers = [r.growth_tracker for r in records if r.growth_tracker is not None]
     if trackers:
         bars.bar(it, trackers, color="0.85", width=0.8, label="growth tracker (after update)")
     if records:
         scales = [r.scale for r in records] + [records[-1].new_scale]
         logs = [math.log2(s) if s > 0 else -math.inf for s in scales]
-        ax.step(np.arange(len(scales)) - 0.5, logs, where="post", color=FORMAT_COLORS["fp16"],
+        ax.step(np.arange(len(scales)) + 0.5, logs, where="post", color=FORMAT_COLORS["fp16"],
                 lw=2, label="log2 scale used")
-        bad = [i for i, r in enumerate(records) if r.found_inf]
+        bad = [k for k, r in enumerate(records, 1) if r.found_inf]
         if bad:
-            ax.plot(bad, [logs[i] for i in bad], "x", color="#b00020", ms=9, mew=2,
+            ax.plot(bad, [logs[k - 1] for k in bad], "x", color="#b00020", ms=9, mew=2,
                     label="inf/NaN: step skipped, scale backs off")
     elif init_scale:
         ax.axhline(math.log2(init_scale), color=FORMAT_COLORS["fp16"], lw=2,
@@ -264,7 +264,7 @@ def scaler_timeline_plot(history, ax=None, *, init_scale=None, pyplot: bool = Tr
     bars.set_ylim(0, max(trackers + [1]) * 3)
     if not trackers:
         bars.set_yticks([])
-    ax.set_xlim(-0.8, max(len(records), 10) - 0.2)
+    ax.set_xlim(0.2, max(len(records), 10) + 0.8)
     skipped = sum(bool(r.found_inf) for r in records)
     ax.set_title(f"{len(records)} iterations, {skipped} skipped", fontsize=10)
     ax.grid(True, alpha=0.25)

@@ -32,6 +32,11 @@ whether autocast is on and whether the code asked for a dtype itself. Then, from
 - "view": aliasing ops (`t`, `view`, `expand`, `detach`) that compute nothing;
 - "other": no floating tensors (index arithmetic, masks), or float64.
 
+Each op also records whether autocast cast an input of its call first (`autocast_cast`: the
+column "autocast cast inputs"), which tells an fp32-list op from one that was simply given fp32:
+`_log_softmax` after autocast's bf16 -> fp32 cast says yes, a `native_layer_norm` fed an fp32
+residual says no. Casts, views, "other" ops and the backward (autocast is off there) say neither.
+
 A Python-level function such as `F.cross_entropy` counts as one call: its inner calls are not
 seen one by one, so after an upcast all of its fp32 ops count as autocast's.
 
@@ -76,6 +81,7 @@ _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_add
 _COLOURS = {CAST: "#e6d4f5", EXPLICIT_CAST: "#f2ecf8", LOW: "#c8ebc8", FP32_AUTOCAST: "#ffc9a8",
             PROMOTE: "#fde7a8", FP32: "#dde3ea", VIEW: "#f4f4f4", OTHER: "#f4f4f4"}
 LOSS_MODULE, AUTOGRAD_MODULE = "(loss)", "(autograd)"
+_NO_QUESTION = (CAST, EXPLICIT_CAST, VIEW, OTHER)  # kinds with no "autocast cast inputs"
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class OpRecord:
     inputs: tuple[torch.dtype, ...]
     outputs: tuple[torch.dtype, ...]
     kind: str                       # one of KINDS
+    autocast_cast: bool | None = None  # autocast cast an input of its call first (see above)
 
     @property
     def name(self) -> str:
@@ -98,7 +105,7 @@ class OpRecord:
     def row(self) -> dict:
         return {"#": self.index, "phase": self.phase, "module": _module_label(self.module),
                 "op": self.op, "inputs": _dtypes(self.inputs), "outputs": _dtypes(self.outputs),
-                "kind": self.kind}
+                "kind": self.kind, "autocast cast inputs": _yes_no([self.autocast_cast])}
 
 
 class Trace:
@@ -157,6 +164,7 @@ class Trace:
                                   for k, n in kinds.most_common()),
                 "inputs": _seen(d for r in recs for d in r.inputs),
                 "outputs": _seen(d for r in recs for d in r.outputs),
+                "autocast cast inputs": _yes_no(r.autocast_cast for r in recs),
                 "phases": "/".join(sorted({r.phase for r in recs}, reverse=True))})
         return Table(rows, title="which ops stayed in low precision and which ran in fp32")
 
@@ -247,6 +255,13 @@ def _seen(dtypes) -> str:
     return _dtypes(sorted(set(dtypes), key=str))
 
 
+def _yes_no(flags) -> str:
+    """"yes", "no", or both with counts ("no x4, yes x1"); "" when no record answers (None)."""
+    seen = Counter("yes" if f else "no" for f in flags if f is not None)
+    total = sum(seen.values())
+    return ", ".join(k if n == total else f"{k} x{n}" for k, n in sorted(seen.items()))
+
+
 def _is_matmul(name: str) -> bool:
     return name in _MATMULS or "conv" in name
 
@@ -307,14 +322,16 @@ class _Recorder(TorchDispatchMode):
         if self.phase == "forward":
             module = self.modules[-1] if self.modules else LOSS_MODULE
             kind = self.classify(func, op, ins, outs, self.call)
+            cast_first = None if kind in _NO_QUESTION else self.call.casts > 0
         else:  # backward runs outside autocast; a cast undoes one made by autocast or not
             node = torch._C._current_autograd_node()
             module, by_autocast = self.nodes.get(node, (AUTOGRAD_MODULE, False))
             kind = self.classify(func, op, ins, outs, _Call(False))
             if kind == EXPLICIT_CAST and by_autocast:
                 kind = CAST
+            cast_first = None  # backward runs outside autocast
         self.records.append(OpRecord(len(self.records), self.phase, module, op, ins, outs,
-                                     kind))
+                                     kind, cast_first))
         return out
 
     @staticmethod

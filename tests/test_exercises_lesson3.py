@@ -1,7 +1,9 @@
 """Lesson 3's exercises: references against torch's kernels and GradScaler, and the feedback
 a learner's likely mistakes get."""
 
+import functools
 import math
+from pathlib import Path
 
 import torch
 from conftest import failed_saying, run_cell
@@ -11,6 +13,7 @@ from mplab.exercises import same_tensors
 from mplab.scaler import GradScaler
 
 IDS = list(ex.EXERCISES)
+NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "03_loss_scaling_gradscaler.ipynb"
 
 
 def test_there_are_five_exercises_worth_six_points():
@@ -22,6 +25,48 @@ def test_3_1_task_gives_the_signature_and_what_it_returns():
     prompt = ex.EXERCISES["3.1"].prompt
     assert ("`update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, "
             "growth_interval)`") in prompt and "`(new_scale, new_tracker)`" in prompt
+
+
+def test_3_1_task_states_the_exact_rules_and_what_each_value_is():
+    prompt = ex.EXERCISES["3.1"].prompt
+    assert "`tracker + 1 == growth_interval`" in prompt and "exactly equal" in prompt
+    assert "back off to 0" in prompt and "restarts at 0" in prompt and "fp32" in prompt
+    assert "a float" in prompt and "an int" in prompt
+
+
+def rule(scale, tracker, found, growth, backoff, interval, *, reaches=lambda t, i: t + 1 == i,
+         floor=0.0):
+    """The stated rule, with a way to get the growth test or the backoff wrong."""
+    def fp32(v):
+        return torch.tensor(v, dtype=torch.float64).float().item()
+    if found:
+        return max(fp32(scale * backoff), floor), 0
+    if reaches(tracker, interval):
+        grown = fp32(scale * growth)
+        return (grown if math.isfinite(grown) else scale), 0
+    return scale, tracker + 1
+
+
+def test_3_1_the_rules_the_task_states_are_the_ones_the_grader_tells_apart(monkeypatch):
+    monkeypatch.setenv("MPLAB_GRADING", "1")
+    assert ex.check("3.1", rule).passed
+    at_least = functools.partial(rule, reaches=lambda t, i: t + 1 >= i)
+    assert ex.check("3.1", at_least).status == "failed"  # a tracker past the interval counts on
+    never_zero = functools.partial(rule, floor=2.0**-149)
+    assert ex.check("3.1", never_zero).status == "failed"  # backoff is not tested: 0 is allowed
+    assert any(t + 1 > i and not f for _, t, f, _, _, i in ex._hidden_3_1())
+
+
+def test_3_1_and_3_5_answers_are_not_in_the_lesson_above_them():
+    """MiniScaler and unscale_ call torch's kernels: the rules are the learner's to write."""
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, 4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code"
+                     and "mplab" not in c.metadata)
+    assert "isfinite" not in code and "_foreach_mul_" not in code  # the keys' own tests
+    assert "torch._amp_update_scale_(" in code
+    assert "torch._amp_foreach_non_finite_check_and_unscale_(" in code
 
 
 def test_3_2_task_gives_the_settings_and_every_iteration():

@@ -96,6 +96,12 @@ def test_4_4_wrong_choices_explain_themselves():
     assert "one letter" in ex.check("4.4", "z").message
 
 
+def test_4_1_task_points_at_the_trace_column_that_settles_the_reason():
+    prompt = ex.EXERCISES["4.1"].prompt
+    assert "`autocast cast inputs`" in prompt and "autocast cast inputs" in str(lesson_trace()
+                                                                               .summary())
+
+
 def test_4_1_answers_follow_the_trace():
     t = lesson_trace()
     forced = {r.op for r in t.records if r.kind == FP32_AUTOCAST}
@@ -103,12 +109,20 @@ def test_4_1_answers_follow_the_trace():
     for op in forced:
         assert ex.check("4.1", {"forced": op, "layer_norm": "b"}).passed
         assert ex.check("4.1", {"forced": op.removeprefix("aten::"), "layer_norm": "b"}).passed
+    # what the trace prints settles the reason: layer_norm was given fp32 and autocast cast
+    # nothing for it (not a), while matmul results stay bf16 (not c)
     norm = [r for r in t.select("forward") if r.op == "aten::native_layer_norm"]
-    assert norm and all(r.inputs[0] == torch.float32 and r.kind != FP32_AUTOCAST for r in norm)
+    assert norm and all(r.inputs[0] == torch.float32 and r.kind != FP32_AUTOCAST
+                        and r.autocast_cast is False for r in norm)
+    assert all(r.outputs == (torch.bfloat16,) for r in t.select("forward")
+               if r.op == "aten::addmm")
+    assert all(r.autocast_cast for r in t.select("forward", kinds=FP32_AUTOCAST))
     failed_saying(ex.check("4.1", {"forced": "aten::addmm", "layer_norm": "b"}), "ran in bf16")
     failed_saying(ex.check("4.1", {"forced": "aten::add", "layer_norm": "b"}), "promotion")
     failed_saying(ex.check("4.1", {"forced": next(iter(forced)), "layer_norm": "a"}),
-                  "what fed it fp32")
+                  "autocast cast inputs", "what fed it fp32")
+    failed_saying(ex.check("4.1", {"forced": next(iter(forced)), "layer_norm": "c"}),
+                  "never results")
     failed_saying(ex.check("4.1", {"forced": "aten::nope", "layer_norm": "b"}),
                   "does not appear")
     assert ex.check("4.1", {"forced": 3, "layer_norm": "b"}).status == "failed"

@@ -88,5 +88,11 @@ def test_overflow_demo_fp16_inf_turns_to_nan_bf16_stays_finite():
     assert X.overflow_demo("fp8_e4m3").finite  # saturates at 448 instead
     assert X.overflow_demo("fp8_e5m2").first_nan == "layer_norm"
     assert len(fp16.table()) == len(fp16.stages)
-    assert fp16.table().title.endswith("first inf at ff_out: h·W2ᵀ + b2, first NaN at layer_norm")
-    assert bf16.table().title.endswith(": every value finite")  # not "first inf at None"
+    # the table shows the evidence (per stage, infs and NaNs beside fp32's values) and the
+    # format's limit; where the failure begins is for the reader to find in the rows
+    title = fp16.table().title
+    assert "fp16" in title and "65504" in title
+    assert fp16.first_inf not in title and "first" not in title and "NaN" not in title
+    assert [r["inf"] > 0 for r in fp16.table()].index(True) == [
+        s.stage for s in fp16.stages].index(fp16.first_inf)
+    assert "3.38953e+38" in bf16.table().title and "finite value" in bf16.table().title

@@ -89,7 +89,7 @@ def test_a_scaler_run_steps_mplabs_scaler_as_torch_steps_its_own():
     assert [r["inf/NaN found"] for r in rows] == clicks
     assert [r["step"] for r in rows] == ["skipped" if c else "taken" for c in clicks]
     assert rows[-1]["new scale"] == theirs.scaler.get_scale()
-    assert rows[0] == {"iteration": 0, "scale used": 1024.0, "inf/NaN found": False,
+    assert rows[0] == {"iteration": 1, "scale used": 1024.0, "inf/NaN found": False,
                        "step": "taken", "new scale": 1024.0, "tracker": 1}
     theirs.iteration(True)  # one more on one side only: they part
     assert not ours.agrees_with(theirs)

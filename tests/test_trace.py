@@ -123,6 +123,34 @@ def test_cat_is_promoted_by_autocast_and_add_by_type_promotion(head_trace):
     assert add.kind == PROMOTE and add.outputs == (torch.float32,)
 
 
+def test_each_op_says_whether_autocast_cast_its_inputs_first():
+    """What tells an op on autocast's fp32 list from one that was simply given fp32."""
+    class TwoLosses(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj, self.norm = nn.Linear(8, 4), nn.LayerNorm(8)
+
+        def forward(self, x, target):
+            low, high = self.proj(x), self.norm(x)[:, :4]  # bf16, and fp32 (x is fp32)
+            return F.cross_entropy(low, target) + F.cross_entropy(high, target)
+
+    torch.manual_seed(0)
+    t = trace(TwoLosses(), (torch.randn(4, 8), torch.tensor([0, 1, 2, 3])), device="cpu",
+              loss_fn=lambda loss: loss)
+    fwd = t.select("forward")
+    # both losses run in fp32, but only the bf16 one was cast up by autocast first
+    softmaxes = [r for r in fwd if r.op == "aten::_log_softmax"]
+    assert [(r.inputs, r.kind, r.autocast_cast) for r in softmaxes] == [
+        ((torch.float32,), FP32_AUTOCAST, True), ((torch.float32,), FP32, False)]
+    (norm,) = [r for r in fwd if r.op == "aten::native_layer_norm"]
+    assert norm.inputs[0] == torch.float32 and norm.autocast_cast is False
+    assert all(r.autocast_cast for r in fwd if r.op == "aten::addmm")
+    assert all(r.autocast_cast is None for r in t.casts + t.select("backward"))
+    assert t.table(phase="forward")[norm.index]["autocast cast inputs"] == "no"
+    ops = t.summary().column("op")
+    assert t.summary()[ops.index("aten::_log_softmax")]["autocast cast inputs"] == "no x1, yes x1"
+
+
 def test_casts_the_code_asks_for_are_explicit():
     t = trace(mlp(), torch.randn(5, 8), device="cpu")   # default loss: output.float().sum()
     loss_ops = [r for r in t.select("forward") if r.module == "(loss)"]

@@ -39,7 +39,7 @@ def test_clicks_step_the_scaler_exactly_as_torch_does():
     assert f"scale <b>{ref.get_scale():g}</b>" in stepper.status.value
     assert "2 steps skipped" in stepper.status.value
     last = stepper.table_rows
-    assert len(last) == lesson3.ROWS_SHOWN and last[-1]["iteration"] == 14
+    assert len(last) == lesson3.ROWS_SHOWN and last[-1]["iteration"] == 15  # from 1
     assert (last[-2]["inf/NaN found"], last[-2]["step"]) == (True, "skipped")
     assert (last[-1]["inf/NaN found"], last[-1]["step"]) == (False, "taken")
     assert last[-1]["new scale"] == ref.get_scale()
@@ -98,7 +98,7 @@ def test_timeline_plot_marks_the_skipped_steps():
     ax = fig.axes[0]
     assert ax.get_title() == "3 iterations, 1 skipped"
     crosses = [line for line in ax.get_lines() if line.get_marker() == "x"]
-    assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [1]
+    assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [2]  # the 2nd iteration
     with pytest.raises(TypeError, match="GradScaler.history"):
         plots.scaler_timeline_plot([1.0, 2.0])
 
@@ -115,7 +115,7 @@ def test_timeline_plot_reads_an_fp16_training_run_like_the_scalers_own_history()
     (staircase,) = [line for line in ax.get_lines() if line.get_marker() != "x"]
     assert list(staircase.get_ydata()) == [24, 23, 22, 22]
     (crosses,) = [line for line in ax.get_lines() if line.get_marker() == "x"]
-    assert list(crosses.get_xdata()) == [0, 1]
+    assert list(crosses.get_xdata()) == run.skipped_steps  # counted from 1, as the run does
     bf16 = TrainResult("torch", "bf16", "cpu", "lesson", losses=[0.7])
     with pytest.raises(TypeError, match="used no GradScaler"):
         plots.scaler_timeline_plot(bf16)

@@ -321,16 +321,26 @@ BUGGY_3_3 = f'''def train_step(model, optimizer, scaler, x, y):
 EXERCISES = {e.id: e for e in [
     Exercise(
         id="3.1", title="The update rule",
-        prompt="Write the dynamic loss scaling rule as a function, exactly as torch computes "
+        prompt="Write the dynamic loss scaling rule as a function, exactly as torch's own "
+               "kernel (`torch._amp_update_scale_`, which `GradScaler.update()` calls) computes "
                "it. `update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, "
-               "growth_interval)` is given the scale, the growth tracker (clean iterations in "
-               "a row so far) and whether this iteration's gradients held an inf or NaN; it "
-               "returns `(new_scale, new_tracker)` as `torch.amp.GradScaler.update()` leaves "
-               "them.\n\n"
-               "Two details matter for bit-exactness: torch keeps the scale as an **fp32** "
-               "number (the product is computed in float64 and rounded once to fp32), and it "
-               "never grows the scale to inf. The check compares with torch's own kernel; the "
-               "grader adds factors that are not powers of two and scales near fp32's limit.",
+               "growth_interval)` is given the scale (a float), the growth tracker (an int: "
+               "clean iterations in a row so far) and whether this iteration's gradients held "
+               "an inf or NaN (a bool). It returns the pair `(new_scale, new_tracker)`: a "
+               "float (what `scaler.get_scale()` would then give) and an int. The rule:\n\n"
+               "- **inf/NaN found**: the new scale is `scale × backoff_factor`, and the "
+               "tracker restarts at 0. Nothing else is tested: a tiny scale may back off to "
+               "0.\n"
+               "- **clean, and `tracker + 1 == growth_interval`** (exactly equal: a tracker "
+               "already past the interval just goes on counting): the new scale is `scale × "
+               "growth_factor`, unless that is inf, in which case the scale stays as it was; "
+               "either way the tracker restarts at 0.\n"
+               "- **clean otherwise**: the scale stays, and the tracker becomes `tracker + "
+               "1`.\n\n"
+               "torch keeps the scale as an **fp32** number: each product is computed in "
+               "float64 and rounded once to fp32, and \"inf\" means inf in fp32. The check "
+               "compares with torch's kernel, exactly; the grader adds factors that are not "
+               "powers of two and scales near fp32's limit.",
         comment="one update of the scale and the growth tracker, as torch does it",
         body="def update_scale(scale, tracker, found_inf, growth_factor, "
              "backoff_factor, growth_interval):\n"
@@ -426,7 +436,9 @@ EXERCISES = {e.id: e for e in [
     Exercise(
         id="3.5", title="Unscale and check, exactly", points=2,
         prompt="Write the heart of `unscale_`, the exact inf/NaN check and the in-place "
-               "multiplication: `unscale_and_check(grads, inv_scale)` multiplies every "
+               "multiplication, which section 3's `unscale_` left to torch's kernel "
+               "(`torch._amp_foreach_non_finite_check_and_unscale_`): "
+               "`unscale_and_check(grads, inv_scale)` multiplies every "
                "gradient tensor in the list `grads` by `inv_scale` (a 0-dim fp32 tensor) in "
                "place, and returns `True` if any value was inf or NaN, else `False`. It is "
                "compared with torch's own kernel, bit for bit; the grader adds bf16 "

@@ -158,7 +158,7 @@ CHOICES_4_4 = {
     "d": "The loss must be computed outside autocast.",
 }
 WHY_NOT_4_4 = {
-    "a": "The same weights give a finite loss in fp32 and in bf16 (first lines of the table): "
+    "a": "The same weights give a finite loss in fp32 and in bf16 (the tables' loss rows): "
          "nothing has been trained yet, so no step diverged.",
     "c": "An overflowing *gradient* is what a GradScaler handles: it skips the step and backs "
          "off. Here the *forward* pass (the loss itself) is NaN, before any scaling happens.",
@@ -173,10 +173,11 @@ _check_4_4 = multiple_choice(CHOICES_4_4, "b", WHY_NOT_4_4)
 # --- 4.1 read the trace -----------------------------------------------------------------------
 
 REASONS_4_1 = {
-    "a": "`layer_norm` is on CPU autocast's fp32 list.",
-    "b": "Its input was already fp32: the residual add of a bf16 output and the fp32 input "
-         "promotes to fp32, and `layer_norm` runs in the dtype it is given.",
-    "c": "`layer_norm` has no bf16 kernel on the CPU.",
+    "a": "`layer_norm` is on CPU autocast's fp32 list: autocast cast its input up to fp32.",
+    "b": "Its input was already fp32, and autocast cast nothing: the add before it gives "
+         "fp32 (a residual add of a bf16 output and the fp32 input promotes), and "
+         "`layer_norm` runs in the dtype it is given.",
+    "c": "Autocast hands every op's result back in fp32, whatever the op computed in.",
 }
 
 
@@ -208,11 +209,12 @@ def _check_4_1(answer) -> str | None:
         return (f"{op} ran in fp32, but only because it was given fp32: autocast did nothing "
                 f"to it. Look for the kind \"{FP32_AUTOCAST}\".")
     if reason != "b":
-        return {"a": "Look at layer_norm's row: its kind is plain \"fp32\", not \"fp32 "
-                     "(autocast)\", and no cast to fp32 comes before it. What fed it fp32?",
-                "c": "CPU layer_norm runs in bf16 when it is given bf16 (try it: "
-                     "torch.nn.functional.layer_norm on a bf16 tensor). What was it given "
-                     "here?"}[reason]
+        return {"a": "Look at native_layer_norm's row: \"autocast cast inputs\" says no, and "
+                     "its kind is plain \"fp32\", not \"fp32 (autocast)\" as the loss's ops "
+                     "after their bf16 -> fp32 cast. What fed it fp32?",
+                "c": "Look at addmm's row: its output is bf16, and the next op gets it as "
+                     "bf16. Autocast casts inputs, never results. What was layer_norm "
+                     "given?"}[reason]
     return None
 
 
@@ -288,7 +290,10 @@ EXERCISES = {e.id: e for e in in_order([
         id="4.1", title="Read the trace",
         prompt="Read the lesson model's bf16 trace above (`t`). Name one op that autocast "
                "**forced** to fp32, by its name in the trace (an `aten::` name), and say "
-               "why `native_layer_norm` ran in fp32 too:\n\n"
+               "why `native_layer_norm` ran in fp32 too. Each row of `t.summary()` and of "
+               "`t.table()` gives an op's input and output dtypes, its kind, and whether "
+               "autocast cast its inputs before it ran (the column `autocast cast inputs`); "
+               "`t.table(phase=\"forward\")` lists the ops in the order they ran:\n\n"
                f"{choice_list(REASONS_4_1)}\n\n"
                "Answer with a dict: `{\"forced\": the op's name, \"layer_norm\": the "
                "reason's letter}`.",
@@ -299,7 +304,8 @@ EXERCISES = {e.id: e for e in in_order([
         check=_check_4_1,
         hints=(
             "The trace's summary has a `kind` column: \"fp32 (autocast)\" marks ops autocast "
-            "upcast; plain \"fp32\" ones just got fp32 inputs.",
+            "upcast (their `autocast cast inputs` says yes); plain \"fp32\" ones just got "
+            "fp32 inputs.",
             "t.fp32_ops lists the forced ones. For layer_norm, look at the op right before it "
             "in t.table(phase=\"forward\"): what are its input dtypes and its kind?",
             "The loss (cross-entropy) is forced to fp32; layer_norm follows a residual add of "
