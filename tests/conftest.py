@@ -53,12 +53,16 @@ def fresh_session(monkeypatch):
 
 def notebook_names(xid: str) -> dict:
     """What the earlier cells of an exercise's notebook define that its cells use: `ex`, the
-    lesson module, and in lesson 2 the capture `cap`."""
+    lesson module, in lesson 2 the capture `cap`, in lesson 6 TrainingArguments."""
     names = {"ex": lesson_of(xid)}
     if xid.startswith("2."):
         from mplab import lessons  # the notebook's cap = lessons.lesson_capture() (cached)
 
         names["cap"] = lessons.lesson_capture()
+    if xid.startswith("6."):
+        from transformers import TrainingArguments  # lesson 6's setup imports it; 6.1 uses it
+
+        names["TrainingArguments"] = TrainingArguments
     if xid.startswith("7."):
         from mplab import hardware  # lesson 7 imports it for the benchmark's header
 

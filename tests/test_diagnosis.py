@@ -87,8 +87,8 @@ def test_low_precision_without_units_is_reproduced_where_the_cpu_lacks_them(mach
 def test_fp16_flags_are_ignored_on_a_cpu_and_the_fix_asks_for_what_it_supports(machine):
     broken = lab_run("fp16_ignored")
     assert broken.compute_dtype == torch.float32 and not broken.scales
-    fp32 = lab._train(lab.lab_model(), path="accelerate", precision="fp32", steps=10,
-                      device="cpu")
+    fp32 = lab._train(lab.lab_model(), path="accelerate", precision="fp32",
+                      steps=len(broken.losses), device="cpu")
     assert broken.losses == fp32.losses and diagnose(broken).cause == "fp16_ignored"
     fixed = lab.run("fp16_ignored", fix="supported")
     assert fixed.precision == ("bf16" if machine.cpu_bf16 else "fp32")
