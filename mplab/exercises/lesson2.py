@@ -285,8 +285,10 @@ EXERCISES = {e.id: e for e in in_order([
         )),
     Exercise(
         id="2.2", title="The largest scale that does not overflow",
-        prompt="Scaling too far overflows: scale × max|g| must stay at or below fp16's largest "
-               "finite value, 65504. For this capture's activation gradients "
+        prompt="Scaling too far overflows: keep scale × max|g| at or below fp16's largest "
+               "finite value, 65504 (values below 65520 still round down to it; from 65520 "
+               "on they become inf, so 65504 is the safe bound). For this capture's activation "
+               "gradients "
                "(`cap.all(\"activation_grads\")` holds them all in one tensor), which is the "
                "largest power of two you can scale them by without any of them overflowing?",
         comment="the largest 2**k for which no activation gradient overflows fp16",
