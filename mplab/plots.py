@@ -354,11 +354,10 @@ def loss_curves_plot(results, ax=None, *, smooth: int = 10, chance: float = math
         if len(same) > 1:
             label = " = ".join(name for name, _ in same) + " (same losses, bit for bit)"
         if learned_share(losses, chance) < 0.25:
+            warnings.warn(f"{label}: after {losses.size} steps its loss is still near chance "
+                          f"({chance:.3f}): its curve shows no learning to compare (train "
+                          "longer, or from a pretrained model)", LossCurveWarning, stacklevel=2)
             label += ": not learning yet"
-            warnings.warn(f"{label.split(': not')[0]}: after {losses.size} steps its loss is "
-                          f"still near chance ({chance:.3f}): its curve shows no learning to "
-                          "compare (train longer, or from a pretrained model)",
-                          LossCurveWarning, stacklevel=2)
         color = colors.get(getattr(r, "precision", ""), f"C{i}")
         style = ("-", "--", ":", "-.")[i % 4]
         steps = np.arange(1, losses.size + 1)

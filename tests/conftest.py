@@ -165,7 +165,7 @@ def launch(command: list[str], *, timeout: float, **kwargs) -> subprocess.Comple
     A job that hangs is not left to the test's timeout: every Python process it started
     prints its stack (faulthandler, on SIGABRT) and the command runs once more, with the
     stacks kept as a warning for whoever reads the log (a torchrun job of the Trainer path hung
-    once in CI, printing nothing, where 40 reruns on a like machine did not); a second hang
+    once in CI, printing nothing, where 20 reruns on a like machine did not); a second hang
     fails, with the stacks.
     """
     env = {**kwargs.pop("env", os.environ), "PYTHONFAULTHANDLER": "1"}
