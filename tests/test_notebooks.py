@@ -99,8 +99,12 @@ def starters_then_key(path: Path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
-def test_lesson_as_shipped_is_not_attempted_and_its_key_earns_full_marks(path, tmp_path):
+def test_lesson_as_shipped_is_not_attempted_and_its_key_earns_full_marks(path, tmp_path,
+                                                                         monkeypatch):
     from mplab.grade import grade_notebook
+
+    # A new machine has no datasets cache: its first load shows what a learner first sees
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
 
     both = tmp_path / path.name
     nbformat.write(starters_then_key(path), both)
