@@ -26,6 +26,7 @@ CLI and the widgets.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import fields
 
 from .common import NonFiniteLossError, TrainWarning
@@ -70,10 +71,8 @@ def train(config: TrainConfig | None = None, *, model=None, tokenizer=None, on_s
                          f"and {sorted(settings)})")
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
-    from .accelerate_path import train_accelerate
-    from .torch_path import train_torch
-    from .trainer_path import train_trainer
-
-    # TrainConfig has checked `path` against PATHS
-    paths = {"torch": train_torch, "accelerate": train_accelerate, "trainer": train_trainer}
-    return paths[config.path](config, model=model, tokenizer=tokenizer, on_step=on_step)
+    # TrainConfig has checked `path` against PATHS. Only the chosen path is imported: the
+    # Trainer's modules alone take seconds to import, in every process a launcher starts.
+    path = importlib.import_module(f".{config.path}_path", __name__)
+    return getattr(path, f"train_{config.path}")(config, model=model, tokenizer=tokenizer,
+                                                 on_step=on_step)
