@@ -36,6 +36,8 @@ BAND_COLORS = {"zero": "#9d9d9d", "subnormal": "#f2c45a", "normal": "#9bd5a4",
 
 #: Up to this many histograms get a line each; more are drawn as their total only.
 _MAX_LAYER_LINES = 8
+#: Text size of the histogram's labels, legend and summary box (points, at 80 dpi).
+_FONT = 10
 
 
 def _histograms(values, bins) -> tuple[dict, list | None]:
@@ -88,9 +90,9 @@ def exponent_histogram_plot(values, precision="fp16", scale=1.0, ax=None, *,
         total = total + h
     edges = total.edges.astype(float)
     if ax is None:
-        fig = new_figure((9.0, 3.6), pyplot)
+        fig = new_figure((10.5, 4.2), pyplot)  # the right quarter: legend and summary box
         ax = fig.subplots()
-        fig.subplots_adjust(left=0.07, right=0.75, bottom=0.14, top=0.9)
+        fig.subplots_adjust(left=0.07, right=0.72, bottom=0.13, top=0.9)
     bands = format_bands(f)
     nz = np.flatnonzero(total.counts)
     if xlim is None:
@@ -103,14 +105,14 @@ def exponent_histogram_plot(values, precision="fp16", scale=1.0, ax=None, *,
     # Patches go in with add_artist: add_patch recomputes the data limits for each, and a
     # redraw of the lesson model's figure took 450 ms instead of ~220 ms on 2 cores
     # (benchmarks/bench_capture.py); the limits are set explicitly below anyway.
+    ax.set_xlim(*xlim)
     for b in bands:
         a, c = max(b.lo, xlim[0]), min(b.hi, xlim[1])
         if a < c:
             ax.add_artist(Rectangle((a, 0), c - a, 1, transform=ax.get_xaxis_transform(),
                                     color=BAND_COLORS[b.name], alpha=0.35, lw=0,
                                     gid=f"band-{b.name}"))
-            ax.text((a + c) / 2, 0.98, b.label, transform=ax.get_xaxis_transform(),
-                    ha="center", va="top", fontsize=8, rotation=90 if c - a < 6 else 0)
+            _band_label(ax, b, a, c)
 
     def share(h):
         return h.counts / max(h.nonzero, 1)
@@ -137,15 +139,16 @@ def exponent_histogram_plot(values, precision="fp16", scale=1.0, ax=None, *,
         ax.annotate("", xy=(x0 + shift, y * 1.05), xytext=(x0, y * 1.05),
                     arrowprops={"arrowstyle": "->", "color": "black", "lw": 1.2})
         ax.text(x0 + shift / 2, y * 1.08, f"× 2^{shift:g}: {shift:g} binades right"
-                if shift == int(shift) else f"× {s:g}", ha="center", va="bottom", fontsize=8)
-    ax.set_xlim(*xlim)
+                if shift == int(shift) else f"× {s:g}", ha="center", va="bottom",
+                fontsize=_FONT)
     drawn = [total, *hists.values()] if len(hists) <= _MAX_LAYER_LINES else [total]
     top = max(float(share(h).max()) for h in drawn) if nz.size else 1.0
     ax.set_ylim(0, top * 1.4 or 1.0)
-    ax.set_xlabel("log2 |x × scale|")
-    ax.set_ylabel("share of nonzero values")
+    ax.set_xlabel("log2 |x × scale|", fontsize=_FONT + 1)
+    ax.set_ylabel("share of nonzero values", fontsize=_FONT + 1)
+    ax.tick_params(labelsize=_FONT)
     ax.set_title(title or f"{f.name}: where the values land at scale {_scale_label(s)}",
-                 fontsize=10)
+                 fontsize=_FONT + 2)
     if mags is not None:
         st = [m.stats(f, s, rel_error=False) for m in mags]
         nonzero = sum(x.nonzero for x in st)
@@ -154,7 +157,7 @@ def exponent_histogram_plot(values, precision="fp16", scale=1.0, ax=None, *,
         pct = (lambda n: f"{100 * n / nonzero:.3g} %") if nonzero else (lambda n: "–")
         text = (f"of the {nonzero:,} nonzero values:\nlost to 0  {pct(under)}\n"
                 f"subnormal  {pct(sub)}\noverflow  {pct(over)}")
-        ax.text(1.02, 0.02, text, transform=ax.transAxes, fontsize=8, va="bottom",
+        ax.text(1.02, 0.02, text, transform=ax.transAxes, fontsize=_FONT, va="bottom",
                 gid="cast-summary")
     labels = [h.get_label() for h in handles]
     if len(hists) > _MAX_LAYER_LINES:
@@ -163,9 +166,25 @@ def exponent_histogram_plot(values, precision="fp16", scale=1.0, ax=None, *,
     if outside:  # only with bins given: the default bins hold every value
         handles.append(Rectangle((0, 0), 0, 0, visible=False))
         labels.append(f"{outside:,} values outside\nthe bins, not drawn")
-    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=_FONT,
               frameon=False)
     return ax.figure
+
+
+def _band_label(ax, band, a: float, c: float) -> None:
+    """The band's name across its top; a band too narrow for it (fp16's overflow band is one
+    binade or two) gets it one line lower, reaching into its neighbour from the axis edge, so
+    that no label is turned on its side or overlaps another."""
+    x0, x1 = ax.get_xlim()
+    axis_in = ax.figure.get_figwidth() * ax.get_position().width
+    need = len(band.label) * _FONT * 0.6 / 72 / axis_in * (x1 - x0) + 1  # data units
+    at, ha, y = (a + c) / 2, "center", 0.98
+    if c - a < need:
+        y = 0.88
+        at, ha = (c, "right") if c >= x1 else (a, "left") if a <= x0 else (at, "center")
+    ax.text(at, y, band.label, transform=ax.get_xaxis_transform(), ha=ha, va="top",
+            fontsize=_FONT, gid=f"band-label-{band.name}",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
 
 
 def _short(name: str, width: int = 26) -> str:
@@ -213,7 +232,7 @@ def scale_sweep_plot(sweep, ax=None, *, underflow_tol: float = 1e-3, overflow_to
     ax.set_title(sweep.title if hasattr(sweep, "title") and sweep.title else "Scale sweep",
                  fontsize=10)
     ax.grid(True, alpha=0.25)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 0.1))  # above the zeros
     if not window:
         ax.text(0.5, 0.5, f"no scale loses ≤ {_share(underflow_tol)} with {over}",
                 transform=ax.transAxes, ha="center", fontsize=9, gid="sweep-no-window")

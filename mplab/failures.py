@@ -1,11 +1,13 @@
 """What breaks in a narrow format: small updates swamped by big weights, sums that stall,
-an activation that outgrows fp16 and turns the loss NaN.
+an activation that outgrows fp16 and turns the loss NaN, and where each NaN comes from.
 
     swamping_run(1.0, 1e-4, 1000, "fp16")                # every update lost
     swamping_run(1.0, 1e-4, 1000, "fp16", master=True)   # fp32 master weights keep them
     swamp_threshold(1e-4, "fp16")                        # the |w| from which on they vanish
     running_sum(torch.rand(10_000), "bf16").low          # stalls at 256
     overflow_demo("fp16").table()                        # inf at ff_out, NaN from layer_norm on
+    attention_overflow_demo("fp16").story()              # an attention score: inf, then NaN
+    inf_arithmetic("fp16")                               # inf - inf, 0 * inf, ...: torch's answers
 
 Each demonstration is run with torch's own casts and arithmetic on the CPU, and says where
 the failure begins, so a lesson can show it happen and its fix work.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
@@ -27,7 +29,8 @@ from mplab.casts import fp32_values, storage_format
 from mplab.formats import floor_log2, get_format
 
 __all__ = ["finite_number", "SwampRun", "swamping_run", "swamp_threshold", "RunningSum",
-           "running_sum", "T5_ACTIVATION", "StageRecord", "OverflowDemo", "overflow_demo"]
+           "running_sum", "T5_ACTIVATION", "StageRecord", "OverflowDemo", "overflow_demo",
+           "ATTENTION_SCORE", "attention_overflow_demo", "inf_arithmetic"]
 
 
 # --- swamping and master weights ---------------------------------------------------------------
@@ -210,14 +213,18 @@ def running_sum(values, precision="bf16") -> RunningSum:
 
 @dataclass(frozen=True)
 class StageRecord:
-    """One step of the forward pass: its largest |value| in fp32 and in the format, and how
-    many infs and NaNs the format's run had there."""
+    """One step of the forward pass: its largest |value| in fp32 and in the format, how
+    many infs and NaNs the format's run had there, and how many of those NaNs the step made
+    itself (its inputs held no NaN there) and from what: "inf − inf", "0 × inf", "inf / inf",
+    "0 / 0" (for an elementwise + − × /), None for other ops."""
 
     stage: str
     reference_max: float
     max_finite: float
     inf: int
     nan: int
+    made: int = 0
+    cause: str | None = None
 
 
 @dataclass
@@ -230,6 +237,9 @@ class OverflowDemo:
     stages: list[StageRecord]
     loss: float
     reference_loss: float
+    block: str = "Feed-forward block"
+    #: The format's run: each stage's tensor (upcast to fp32), for a test or a closer look.
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def first_inf(self) -> str | None:
@@ -251,9 +261,58 @@ class OverflowDemo:
         # The evidence only (values, infs and NaNs per stage): where the failure begins and
         # why is the reader's to say, so the title names neither.
         top = get_format(self.precision).max_finite
-        return Table(rows, title=f"Feed-forward block in {self.precision}{how}, stage by "
+        return Table(rows, title=f"{self.block} in {self.precision}{how}, stage by "
                                  f"stage beside fp32 ({self.precision}'s largest finite value: "
                                  f"{float(top):g})")
+
+    def story(self) -> str:
+        """Where this run's infs and NaNs come from, in words read off its stages: the first
+        inf and the value fp32 has there, the first NaN made and from what, the stages that
+        carry it on; a sentence a line. (A lesson whose reader should find this in the table
+        does not print it.)"""
+        p, top = self.precision, float(get_format(self.precision).max_finite)
+        if self.finite:
+            big = max(self.stages, key=lambda s: s.reference_max)
+            where = (f"is past {p}'s largest finite value, {top:g}, but {p} has no inf: its "
+                     "cast saturates and" if big.reference_max > top else
+                     f"is within {p}'s range (up to {top:g}), which")
+            return (f"In {p} every stage stays finite: the largest value, "
+                    f"{big.reference_max:,.6g} (at '{big.stage}'), {where} stores it as "
+                    f"{big.max_finite:,.6g}.")
+        out = []
+        names = [s.stage for s in self.stages]
+        first_nan = names.index(self.first_nan) if self.first_nan else len(names)
+        if self.first_inf:
+            i = names.index(self.first_inf)
+            s = self.stages[i]
+            upto = "" if s.inf == 1 else "up to "
+            out.append(f"In {p} the first inf is at '{s.stage}': {_count(s.inf, 'value')}, "
+                       f"{upto}{s.reference_max:,.6g} in fp32, past {p}'s largest finite "
+                       f"value, {top:g}.")
+            kept = [f"'{t.stage}'" for t in self.stages[i + 1:first_nan] if t.inf]
+            if kept:
+                out.append(f"It stays inf at {_and(kept)}: arithmetic on an inf that has an "
+                           "answer gives inf.")
+        if self.first_nan is None:
+            out.append(f"No stage makes a NaN; the loss is {self.loss:g}.")
+            return "\n".join(out)
+        s = self.stages[first_nan]
+        n = s.made or s.nan
+        how = (f"{'an' if n == 1 else 'each an'} {s.cause}, which has no answer, so IEEE "
+               "arithmetic gives NaN" if s.cause else "from inputs that hold no NaN")
+        out.append(f"The first NaN is made at '{s.stage}': {_count(n, 'value')}, {how}.")
+        carried = [f"{t.nan} at '{t.stage}'" for t in self.stages[first_nan + 1:] if t.nan]
+        if carried:
+            out.append(f"From there every op that reads a NaN gives NaN: {_and(carried)}.")
+        return "\n".join(out)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}" + ("" if n == 1 else "s")
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 #: The outlier the demo builds: T5's feed-forward output in fp16 (transformers #5651).
@@ -284,24 +343,49 @@ def _demo_block() -> dict[str, torch.Tensor]:
             "b_cls": torch.zeros(3), "labels": torch.tensor([0, 2])}
 
 
-def _demo_stages(p: dict[str, torch.Tensor], rnd: Callable) -> dict[str, torch.Tensor]:
-    F = torch.nn.functional
-    out = {}
+class _Stages:
+    """Keeps each stage's result (rounded by `rnd`) and the NaNs the stage made itself."""
 
-    def keep(name, t):
-        out[name] = t = rnd(t)
+    def __init__(self, rnd: Callable):
+        self.rnd, self.out, self.made = rnd, {}, {}
+        self._last = None
+
+    def __call__(self, name: str, t: torch.Tensor, *inputs: torch.Tensor, op=None):
+        t = self.rnd(t)
+        ins = inputs or (() if self._last is None else (self._last,))
+        self.out[name] = self._last = t
+        self.made[name] = _made_nan(t, ins, op)
         return t
 
+
+def _made_nan(out: torch.Tensor, inputs, op) -> tuple[int, str | None]:
+    """How many of out's NaNs its inputs did not already hold, and (for an elementwise
+    + − × /) the no-answer arithmetic that made them."""
+    if not out.is_floating_point():
+        return 0, None
+    if op is None or len(inputs) != 2:  # any other op: all its NaNs, if its inputs held none
+        held = any(bool(x.isnan().any()) for x in inputs if x.is_floating_point())
+        return (0 if held else int(out.isnan().sum())), None
+    a, b = (x.float().expand_as(out) for x in inputs)
+    made = out.isnan() & ~a.isnan() & ~b.isnan()
+    inf = a.isinf() & b.isinf()
+    checks = {"−": [(inf & (a == b), "inf − inf")], "+": [(inf & (a != b), "inf − inf")],
+              "×": [(((a == 0) & b.isinf()) | (a.isinf() & (b == 0)), "0 × inf")],
+              "/": [(inf, "inf / inf"), ((a == 0) & (b == 0), "0 / 0")]}[op]
+    return int(made.sum()), next((c for mask, c in checks if (made & mask).any()), None)
+
+
+def _demo_stages(p: dict[str, torch.Tensor], keep: _Stages) -> None:
+    F = torch.nn.functional
     x = keep("input", p["x"])
     h = keep("ff_in: x·W1ᵀ", F.linear(x, p["w_in"], p["b_in"]))
     h = keep("relu", F.relu(h))
     y = keep("ff_out: h·W2ᵀ + b2", F.linear(h, p["w_out"], p["b_out"]))
-    y = keep("residual: x + ff_out", x + y)
+    y = keep("residual: x + ff_out", x + y, x, y, op="+")
     y = keep("layer_norm", F.layer_norm(y, (y.shape[-1],), p["ln_w"], p["ln_b"]))
     logits = keep("logits", F.linear(y, p["w_cls"], p["b_cls"]))
     keep("softmax", torch.softmax(logits, dim=-1))
-    keep("loss", F.cross_entropy(logits, p["labels"]))
-    return out
+    keep("loss", F.cross_entropy(logits, p["labels"]), logits)
 
 
 def overflow_demo(precision="fp16") -> OverflowDemo:
@@ -315,24 +399,114 @@ def overflow_demo(precision="fp16") -> OverflowDemo:
     slow on a CPU; these are tiny). fp8 has no CPU arithmetic: it is simulated, fp32 arithmetic
     with every weight, input and result rounded to fp8 (e4m3 saturates at 448 instead).
     """
+    return _run_demo(precision, _demo_block(), _demo_stages, "Feed-forward block")
+
+
+def _run_demo(precision, params: dict[str, torch.Tensor], stages: Callable,
+              block: str) -> OverflowDemo:
+    """Run `stages` on `params` in fp32 and in the format; record every stage."""
     f = storage_format(precision)
-    params = _demo_block()
-    ref = _demo_stages(params, lambda t: t)
+    ref = _Stages(lambda t: t)
+    stages(params, ref)
     dtype = f.dtype()
     simulated = f.bits == 8
     if simulated:
         def rnd(t):
             return t if t.dtype == torch.int64 else t.to(dtype).float()
-        run = _demo_stages({k: rnd(v) for k, v in params.items()}, rnd)
+        run = _Stages(rnd)
+        stages({k: rnd(v) for k, v in params.items()}, run)
     else:
-        cast = {k: v if v.dtype == torch.int64 else v.to(dtype) for k, v in params.items()}
-        run = _demo_stages(cast, lambda t: t)
-    stages = []
-    for name, t in run.items():
+        run = _Stages(lambda t: t)
+        stages({k: v if v.dtype == torch.int64 else v.to(dtype) for k, v in params.items()}, run)
+    records = []
+    for name, t in run.out.items():
         t = t.float()
         fin = t[t.isfinite()].abs()
-        stages.append(StageRecord(name, ref[name].abs().max().item(),
-                                  fin.max().item() if fin.numel() else math.nan,
-                                  int(t.isinf().sum()), int(t.isnan().sum())))
-    return OverflowDemo(f.name, simulated, stages, run["loss"].float().item(),
-                        ref["loss"].item())
+        records.append(StageRecord(name, ref.out[name].abs().max().item(),
+                                   fin.max().item() if fin.numel() else math.nan,
+                                   int(t.isinf().sum()), int(t.isnan().sum()), *run.made[name]))
+    return OverflowDemo(f.name, simulated, records, run.out["loss"].float().item(),
+                        ref.out["loss"].item(), block,
+                        {k: v.float() for k, v in run.out.items()})
+
+
+#: The attention score the demo builds: 8 channels · 100 · 90, past fp16's 65,504.
+ATTENTION_SCORE = 72_000.0
+
+
+def _attention_block() -> dict[str, torch.Tensor]:
+    """One attention head (4 tokens, head size 8). Token 2's query is 100 and its key 90 in
+    every channel, so its score with itself is 8 · 100 · 90 = 72,000. Every other query and
+    key is a small multiple of 1/16 (at most 1), so every other score is at most 800 in size.
+    All are exact in fp16 and bf16 (100 and 90 have 7 significant bits): only the range
+    differs between the runs."""
+    g = torch.Generator().manual_seed(1)
+
+    def small(*shape):
+        return torch.randint(-16, 17, shape, generator=g).float() / 16
+
+    q, k, v = small(4, 8), small(4, 8), small(4, 8)
+    q[2], k[2] = 100.0, ATTENTION_SCORE / 8 / 100
+    return {"q": q, "k": k, "v": v, "labels": torch.tensor([0, 1, 2, 3])}
+
+
+def _attention_stages(p: dict[str, torch.Tensor], keep: _Stages) -> None:
+    q, k, v = keep("queries q", p["q"]), keep("keys k", p["k"]), keep("values v", p["v"])
+    s = keep("scores: q·kᵀ", q @ k.T, q, k)
+    s = keep("scaled: scores / √d", s / math.sqrt(q.shape[-1]), s)  # a float keeps the dtype
+    # softmax spelled out as torch computes it: subtract the row's max, exp, normalise
+    m = keep("row max", s.amax(-1, keepdim=True), s)
+    z = keep("scores − row max", s - m, s, m, op="−")
+    e = keep("exp", z.exp(), z)
+    n = keep("row sum", e.sum(-1, keepdim=True), e)
+    w = keep("softmax: exp / row sum", e / n, e, n, op="/")
+    o = keep("output: softmax·v", w @ v, w, v)
+    keep("loss", torch.nn.functional.cross_entropy(o, p["labels"]), o)
+
+
+def attention_overflow_demo(precision="fp16") -> OverflowDemo:
+    """Run one attention head whose query and key for one token make its score 72,000, past
+    fp16's 65,504, in fp32 and in the format, stage by stage with the softmax spelled out
+    (the same steps as torch.softmax), and record each stage's largest value, infs and NaNs,
+    and the NaNs each stage made. In fp16 the score is inf; the softmax subtracts the row's
+    max, inf − inf, and that token's row turns NaN, then its output and the loss. In bf16 it
+    stays finite, rounded to 72,192. Formats as :func:`overflow_demo`."""
+    return _run_demo(precision, _attention_block(), _attention_stages, "Attention head")
+
+
+#: The operations :func:`inf_arithmetic` shows: (what it reads, the tensor op).
+_INF_OPS = (
+    ("largest finite × 2", lambda top, inf, nan: top * 2),
+    ("inf + 1", lambda top, inf, nan: inf + 1),
+    ("inf × 0.001", lambda top, inf, nan: inf * 0.001),
+    ("1 / inf", lambda top, inf, nan: 1 / inf),
+    ("exp(−inf)", lambda top, inf, nan: (-inf).exp()),
+    ("inf − inf", lambda top, inf, nan: inf - inf),
+    ("0 × inf", lambda top, inf, nan: inf * 0),
+    ("inf / inf", lambda top, inf, nan: inf / inf),
+    ("NaN + 1", lambda top, inf, nan: nan + 1),
+    ("NaN × 0", lambda top, inf, nan: nan * 0),
+    ("max(NaN, 1)", lambda top, inf, nan: torch.maximum(nan, torch.ones_like(nan))),
+)
+_ARITHMETIC = ("fp16", "bf16", "fp32")
+
+
+def inf_arithmetic(precision="fp16") -> Table:
+    """What torch gives for arithmetic on the format's largest value, on inf and on NaN, each
+    computed in that dtype: where an inf comes from, which operations keep it, which have no
+    answer and give NaN, and that NaN spreads through everything after. fp16, bf16, fp32
+    (the fp8 formats have no arithmetic of their own)."""
+    f = get_format(precision)
+    if f.name not in _ARITHMETIC:
+        raise ValueError(f"inf_arithmetic computes in a dtype with arithmetic; got {f.name!r}, "
+                         f"accepted: " + ", ".join(map(repr, _ARITHMETIC)))
+    dtype = f.dtype()
+    top, inf, nan = (torch.tensor(x, dtype=dtype) for x in
+                     (float(f.max_finite), math.inf, math.nan))
+    rows = []
+    for what, fn in _INF_OPS:
+        r = fn(top, inf, nan)
+        assert r.dtype == dtype, what  # each op stays in the format
+        rows.append({"operation": what.replace("largest finite", f"{float(f.max_finite):g}"),
+                     f"{f.name} result": r.item()})
+    return Table(rows, title=f"Arithmetic on inf and NaN in {f.name} (torch)")

@@ -83,3 +83,28 @@ def test_swamping_plot_draws_the_run_and_marks_the_first_lost_update():
     assert len(master.axes[0].get_lines()) == 3  # exact, master, the weight used
     with pytest.raises(TypeError, match="swamping_run"):
         cast_plots.swamping_plot([1.0, 2.0])
+
+
+@pytest.mark.parametrize("precision, scale", [("fp16", 1.0), ("fp16", 2.0**19),
+                                              ("fp8_e4m3", 16.0), ("fp8_e5m2", 1.0)])
+def test_the_histogram_labels_are_readable_and_overlap_nothing(precision, scale):
+    x = torch.cat([grads_like(), torch.tensor([2.0**-81])])  # a wide axis: narrow bands
+    mags = {f"bert.encoder.layer.{i}.attention.self.query": C.Magnitudes(x[i::5])
+            for i in range(5)}  # long layer names in the legend
+    fig = cast_plots.exponent_histogram_plot(mags, precision, scale, pyplot=False)
+    fig.canvas.draw()
+    ax, r = fig.axes[0], fig.canvas.get_renderer()
+    labels = [a for a in ax.texts if (a.get_gid() or "").startswith("band-label-")]
+    assert {a.get_gid() for a in labels} == {"band-label-zero", "band-label-subnormal",
+                                             "band-label-normal", "band-label-overflow"}
+    boxes = [a.get_window_extent(r) for a in labels]
+    for i, b in enumerate(boxes):  # each band's name, upright, inside the axes, apart
+        assert labels[i].get_rotation() == 0 and labels[i].get_fontsize() >= 9
+        assert ax.bbox.x0 <= b.x0 and b.x1 <= ax.bbox.x1 + 0.5, labels[i].get_text()
+        assert not any(b.overlaps(o) for o in boxes[i + 1:]), labels[i].get_text()
+    side = [ax.get_legend().get_window_extent(r),
+            next(a for a in ax.texts if a.get_gid() == "cast-summary").get_window_extent(r)]
+    for b in side:  # legend and summary box: inside the figure, apart from each other
+        assert b.x1 <= fig.bbox.x1 and b.y0 >= fig.bbox.y0
+    assert not side[0].overlaps(side[1])
+    assert all(t.get_fontsize() >= 9 for t in ax.get_legend().get_texts())

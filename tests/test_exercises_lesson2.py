@@ -160,6 +160,33 @@ def test_2_5_public_and_hidden_checks(monkeypatch):
     assert ex.check("2.5", right(*ex.PUBLIC_2_5[0])).status == "failed"  # called, not passed
 
 
+def test_2_5_is_not_answered_by_the_library_call_the_lesson_shows_above_it(monkeypatch):
+    from mplab import casts
+
+    def wraps_mplab(t, dtype, scale):  # gives the right numbers: cast_stats is the reference
+        return casts.cast_stats(t, dtype, scale).lost_frac
+
+    assert ex.reference_lost_fraction(*ex.PUBLIC_2_5[0]) == wraps_mplab(*ex.PUBLIC_2_5[0])
+    failed_saying(ex.check("2.5", wraps_mplab), "mplab's own measurement", "cast_stats")
+    monkeypatch.setenv("MPLAB_GRADING", "1")
+    assert ex.check("2.5", wraps_mplab).status == "failed"
+    assert ex.check("2.5", right).passed
+
+
+def test_2_5_prompt_names_each_dtype_as_the_checks_use_it():
+    import re
+
+    prompt = ex.EXERCISES["2.5"].prompt
+    named = set(re.findall(r"`(torch\.\w+)`", prompt))  # every dtype, as torch spells it
+    assert named == {str(d) for d in ex.HIDDEN_DTYPES_2_5}
+    assert {str(d) for _, d, _ in ex.PUBLIC_2_5} == {"torch.float16"}
+    assert f"`dtype` = `{ex.PUBLIC_2_5[0][1]}`" in prompt  # the check's dtype, said as such
+    assert {t.dtype for t, _, _ in ex.PUBLIC_2_5} == {torch.float32}  # as the prompt says
+    assert torch.int32 in {t.dtype for t, _, _ in ex._hidden_2_5()}
+    assert "`t.float()`" in prompt and "`.to(dtype)`" in prompt  # the cast before, and after
+    assert "before scaling and casting" in prompt  # which values the share is of
+
+
 def test_2_5_hidden_cases_cover_every_format_and_the_awkward_tensors():
     cases = ex._hidden_2_5()
     assert {d for _, d, _ in cases} == set(ex.HIDDEN_DTYPES_2_5) == {

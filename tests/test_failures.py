@@ -96,3 +96,47 @@ def test_overflow_demo_fp16_inf_turns_to_nan_bf16_stays_finite():
     assert [r["inf"] > 0 for r in fp16.table()].index(True) == [
         s.stage for s in fp16.stages].index(fp16.first_inf)
     assert "3.38953e+38" in bf16.table().title and "finite value" in bf16.table().title
+
+
+def test_attention_demo_softmax_steps_are_torchs_and_say_where_the_nan_is_made():
+    fp16 = X.attention_overflow_demo("fp16")
+    scores = next(s for s in fp16.stages if s.stage == fp16.first_inf)
+    assert scores.reference_max == X.ATTENTION_SCORE > 65_504 and scores.inf == 1
+    # the softmax spelled out is torch's own: the same NaNs, the same finite values
+    out = fp16.outputs
+    want = torch.softmax(out["scaled: scores / √d"].half(), dim=-1).float()
+    got = out["softmax: exp / row sum"]
+    assert torch.equal(got.isnan(), want.isnan()) and bool(got.isnan().any())
+    assert torch.allclose(got[~got.isnan()], want[~want.isnan()], atol=1e-3)
+    made = [s for s in fp16.stages if s.made]  # only one stage makes NaN; the rest carry it
+    assert [(s.stage, s.made, s.cause) for s in made] == [("scores − row max", 1, "inf − inf")]
+    assert fp16.first_nan == "scores − row max" and math.isnan(fp16.loss)
+    story = fp16.story()
+    assert "'scores: q·kᵀ'" in story and "72,000" in story and "inf − inf" in story
+    assert "8 at 'output: softmax·v'" in story  # the NaN row times v: every output channel
+    bf16 = X.attention_overflow_demo("bf16")
+    stored = next(s for s in bf16.stages if s.stage == "scores: q·kᵀ").max_finite
+    assert bf16.finite and stored == torch.tensor(X.ATTENTION_SCORE).bfloat16().item()
+    assert f"stores it as {stored:,.6g}" in bf16.story()
+    assert "saturates" in X.attention_overflow_demo("fp8_e4m3").story()
+    with pytest.raises(ValueError, match="accepted"):
+        X.attention_overflow_demo("fp9")
+
+
+def test_nan_causes_are_read_off_the_operands():
+    ff = X.overflow_demo("fp16")  # layer_norm is no elementwise op: NaNs counted, no cause
+    ln = next(s for s in ff.stages if s.stage == "layer_norm")
+    assert (ln.made, ln.cause) == (ln.nan, None) and ln.nan > 0
+    assert all(s.made == 0 for s in ff.stages if s.stage != "layer_norm")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+def test_inf_arithmetic_is_torchs_in_the_format(precision):
+    rows = {r["operation"]: r[f"{precision} result"] for r in X.inf_arithmetic(precision)}
+    top = float(F.get_format(precision).max_finite)
+    assert rows[f"{top:g} × 2"] == math.inf and rows["inf + 1"] == math.inf
+    assert rows["1 / inf"] == 0 and rows["exp(−inf)"] == 0
+    for op in ("inf − inf", "0 × inf", "inf / inf", "NaN + 1", "NaN × 0", "max(NaN, 1)"):
+        assert math.isnan(rows[op]), op
+    with pytest.raises(ValueError, match="accepted: 'fp16'"):
+        X.inf_arithmetic("fp8_e4m3")

@@ -172,6 +172,21 @@ def test_swamping_demo_learning_rate_and_format():
     assert demo.run.lost_steps == 0
 
 
+@pytest.mark.parametrize("grad, does", [(-1.0, "adds lr"), (-2.0, "adds 2 × lr"),
+                                        (0.5, "subtracts 0.5 × lr"), (0.0, "never moves")])
+def test_the_update_rule_reads_without_a_minus_of_a_minus(grad, does):
+    demo = swamping_demo(grad=grad, lr=1e-2)  # large enough not to be swamped
+    run = demo.run  # what the rule says is what the run did
+    assert (run.final > run.w0 if "adds" in does else
+            run.final < run.w0 if "subtracts" in does else run.final == run.w0)
+    header, shown = demo.children[0].value, demo._repr_mimebundle_()["text/html"]
+    for text in (header, shown):  # the live widget and its static view
+        assert does in text and "w ← w − lr × g" in text
+        assert "(-" not in text and "(−" not in text and "- -" not in text
+    if grad < 0:
+        assert f"g = −{abs(grad):g}" in header
+
+
 @pytest.mark.parametrize("bad, words", [
     ({"lr": 5.0}, "1e-6 to 1"), ({"lr": "big"}, "1e-6 to 1"), ({"steps": -1}, "steps"),
     ({"precision": "int8"}, "int8"), ({"precision": "tf32"}, "'fp16'"),

@@ -251,12 +251,31 @@ def _lost_matches(fn, cases) -> str | None:
     return None
 
 
+#: mplab's own measurement (the lesson calls it above 2.5): a call to it is not the exercise.
+_LIBRARY_2_5 = frozenset({"cast_stats", "lost_frac", "underflow_frac", "Magnitudes"})
+
+
+def _uses_library(fn) -> str | None:
+    todo, names = [getattr(fn, "__code__", None)], set()
+    while todo:  # the function and the functions (and lambdas) defined in it
+        code = todo.pop()
+        if code is not None:
+            names |= set(code.co_names)
+            todo += [c for c in code.co_consts if hasattr(c, "co_names")]
+    used = sorted(names & _LIBRARY_2_5)
+    if used:
+        return (f"Your function uses mplab's own measurement ({', '.join(used)}), which is "
+                "what this exercise asks you to write: count with torch's cast and "
+                "comparisons instead.")
+    return None
+
+
 def _check_2_5(fn) -> str | None:
-    return _lost_matches(fn, PUBLIC_2_5)
+    return _uses_library(fn) or _lost_matches(fn, PUBLIC_2_5)
 
 
 def _hidden_check_2_5(fn) -> str | None:
-    return _lost_matches(fn, _hidden_2_5())
+    return _uses_library(fn) or _lost_matches(fn, _hidden_2_5())
 
 
 # --- the exercises ----------------------------------------------------------------------------
@@ -352,32 +371,40 @@ EXERCISES = {e.id: e for e in in_order([
     Exercise(
         id="2.5", title="Measure the loss yourself", points=2,
         prompt="Write the measurement behind this lesson's tables yourself: "
-               "`lost_fraction(t, dtype, scale)` returns the share (from 0 to 1) of the "
-               "tensor `t`'s nonzero finite values that become 0 when `t * scale`, computed "
-               "in fp32, is cast to the torch dtype `dtype` with torch's own cast. Return 0.0 "
-               "when `t` has no nonzero finite values. The check uses fp16; the grader also "
-               "tries bf16, fp8 and awkward tensors.",
-        comment="the share of t's nonzero finite values that (t * scale).to(dtype) "
+               "`lost_fraction(t, dtype, scale)`. Its three arguments: `t` is a tensor of "
+               "gradients, in float32 in the check (the grader also passes an int32 one); "
+               f"`dtype` is the torch dtype to cast to, a dtype object such as "
+               f"`{HIDDEN_DTYPES_2_5[0]}`, not a name like \"fp16\"; `scale` is a Python "
+               "float. Three steps, each in a stated dtype: convert `t` to float32 "
+               "(`t.float()`); multiply that float32 tensor by `scale`, still in float32; cast "
+               "the float32 product to `dtype` with torch's own cast (`.to(dtype)`). Return "
+               "the share (from 0 to 1) of the values that were nonzero and finite in "
+               "`t.float()`, before scaling and casting, that are 0 after the cast to `dtype`; "
+               "return 0.0 when there are none. The check uses `dtype` = "
+               f"`{HIDDEN_DTYPES_2_5[0]}`; the grader also tries "
+               + ", ".join(f"`{d}`" for d in HIDDEN_DTYPES_2_5[1:])
+               + " and awkward tensors.",
+        comment="the share of t's nonzero finite values that (t.float() * scale).to(dtype) "
                 "flushes to 0",
         body="def lost_fraction(t, dtype, scale):\n"
              "    return ...  # a float from 0 to 1",
         key="def lost_fraction(t, dtype, scale):\n"
-            "    x = t.float() * scale                    # the scaled values, in fp32\n"
+            "    x = t.float()                            # t's values, in float32\n"
             "    alive = (x != 0) & torch.isfinite(x)     # nonzero finite before the cast\n"
             "    n = int(alive.sum())\n"
             "    if n == 0:\n"
             "        return 0.0\n"
-            "    lost = alive & (x.to(dtype) == 0)        # ... and 0 after it\n"
+            "    lost = alive & ((x * scale).to(dtype) == 0)  # ... and 0 after it\n"
             "    return int(lost.sum()) / n",
         arg='lost_fraction',
         check=_check_2_5, hidden=_hidden_check_2_5,
         hints=(
             "Three steps: scale in fp32, find the values that were nonzero and finite, count "
             "how many of those the cast turns into 0.",
-            "x = t.float() * scale; torch.isfinite(x), x != 0 and x.to(dtype) == 0 are boolean "
-            "tensors; & combines them and .sum() counts.",
-            "alive = (x != 0) & torch.isfinite(x); lost = alive & (x.to(dtype) == 0); return "
-            "lost.sum() / alive.sum() as a float, or 0.0 when alive.sum() is 0.",
+            "x = t.float(); torch.isfinite(x), x != 0 and (x * scale).to(dtype) == 0 are "
+            "boolean tensors; & combines them and .sum() counts.",
+            "alive = (x != 0) & torch.isfinite(x); lost = alive & ((x * scale).to(dtype) == 0); "
+            "return lost.sum() / alive.sum() as a float, or 0.0 when alive.sum() is 0.",
         )),
 ])}
 

@@ -25,7 +25,7 @@ from mplab.histograms import data_bins, format_bands
 from mplab.widgets._common import StaticView, guarded, png
 
 __all__ = ["loss_scale_explorer", "LossScaleExplorer", "swamping_demo", "SwampingDemo",
-           "SWAMP_FORMATS", "LOSS_SCALE_FORMATS", "percent"]
+           "SWAMP_FORMATS", "LOSS_SCALE_FORMATS", "percent", "update_rule"]
 
 #: Formats the loss-scale explorer offers: the ones a gradient can be stored in.
 LOSS_SCALE_FORMATS = ("fp16", "bf16", "fp8_e5m2", "fp8_e4m3")
@@ -224,6 +224,21 @@ def loss_scale_explorer(capture: Capture, kind: str = "activation_grads",
 
 # --- swamping and master weights ----------------------------------------------------------------
 
+def _signed(x: float) -> str:
+    return f"{x:g}".replace("-", "−")  # a real minus sign, as in the rule's "−"
+
+
+def update_rule(grad: float) -> str:
+    """The SGD step for a fixed gradient as a learner reads it: the rule, the gradient's
+    value, and what the step does to w (never "− lr × (−1)", a minus of a minus)."""
+    g = finite_number(grad, "grad")
+    rule = f"w ← w − lr × g, with gradient g = {_signed(g)}"
+    if g == 0:
+        return rule + ": the weight never moves"
+    times = "" if abs(g) == 1 else f"{abs(g):g} × "
+    return rule + f": each step {'adds' if g < 0 else 'subtracts'} {times}lr"
+
+
 class SwampingDemo(StaticView, widgets.VBox):
     """``w ← w − lr·grad`` repeated, with the weight kept in a narrow format or behind an fp32
     master copy. Build it with :func:`swamping_demo`.
@@ -265,8 +280,8 @@ class SwampingDemo(StaticView, widgets.VBox):
                                                                       height="auto"))
         self.plot.add_class("mplab-swamp-plot")
         self.children = [
-            widgets.HTML(f"<b>Swamping</b>: {steps:,} steps of w ← w − lr × ({self.grad:g}), "
-                         f"from w0 = {self.w0:g}."),
+            widgets.HTML(f"<b>Swamping</b>: from w0 = {_signed(self.w0)}, {steps:,} steps "
+                         f"of {update_rule(self.grad)}."),
             widgets.HBox([self.lr, self.precision, self.master]), self.message, self.summary,
             self.plot]
         self.add_class("mplab-swamping")
