@@ -1,6 +1,7 @@
 """Lesson 1's exercises: each reference against mplab.formats and torch's own casts, and the
 feedback a learner's likely mistakes get (the concept missed, never the answer)."""
 
+import ast
 import math
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ from conftest import failed_saying
 
 from mplab import formats as F
 from mplab.exercises import lesson1 as ex
+from mplab.explain import decompose
 
 IDS = list(ex.EXERCISES)
 DTYPE = {(5, 10): torch.float16, (8, 7): torch.bfloat16, (5, 2): torch.float8_e5m2}
@@ -98,8 +100,54 @@ def test_the_lesson_explains_the_special_exponent_fields_before_the_exercises_ne
 def test_1_4_numbers_are_not_in_any_table_or_text_before_it():
     shown = _shown_before("1.4")
     for x in ex.NUMBERS_1_4:
-        for form in {repr(x), f"{x:g}", f"{x:g}".replace("e-0", "e-")}:
-            assert not re.search(rf"(?<![\d.]){re.escape(form)}(?![\d])", shown), form
+        forms = {repr(x), f"{x:g}", f"{x:.0e}"}
+        for form in forms | {f.replace("e-0", "e-").replace("e+0", "e") for f in forms}:
+            if float(form) == x:
+                assert not re.search(rf"(?<![\d.]){re.escape(form)}(?![\d])", shown), form
+
+
+FP16_EDGES = [float(F.FP16.max_finite), float(F.FP16.min_normal), float(F.FP16.min_subnormal)]
+
+
+def _binades_from_fp16_edges(x: float) -> float:
+    return min(abs(math.log2(abs(x) / edge)) for edge in FP16_EDGES)
+
+
+def _compare_values_before_1_4() -> list[float]:
+    """The values of the explain.compare(...) table the lesson shows before 1.4."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    at = next(i for i, c in enumerate(nb.cells)
+              if c.metadata.get("mplab", {}).get("exercise") == "1.4")
+    calls = [node for c in nb.cells[:at - 1] if c.cell_type == "code"
+             for node in ast.walk(ast.parse(c.source))
+             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "compare"]
+    assert len(calls) == 1, "one compare() table before 1.4"
+    return [float(v) for v in eval(ast.unparse(calls[0].args[0]), {"math": math})]
+
+
+def test_the_compare_table_teaches_range_first_then_precision():
+    values = _compare_values_before_1_4()
+    kinds = {x: decompose(x, "fp16").kind for x in values}
+    # the text after it: fp16 turns the largest value into inf and the smallest into zero, bf16
+    # holds both; inside both ranges fp16's extra mantissa bits give the smaller error
+    assert kinds[max(values)] == "inf" and kinds[min(values)] == "zero"
+    assert all(decompose(x, "bf16").kind == "normal" for x in (max(values), min(values)))
+    inside = [x for x in values if kinds[x] == "normal"]
+    assert inside and all(torch_error(x, torch.float16) < torch_error(x, torch.bfloat16)
+                          for x in inside)
+
+
+def test_no_row_of_the_table_answers_a_1_4_number_by_lookup():
+    # The table's rows sit far (10+ binades) from fp16's range edges; 1.4's numbers sit near an
+    # edge or among fp16's subnormals, so each must be compared with fp16's limits.
+    for x in _compare_values_before_1_4():
+        assert _binades_from_fp16_edges(x) >= 10, x
+    for x in ex.NUMBERS_1_4:
+        assert (_binades_from_fp16_edges(x) <= 2 or decompose(x, "fp16").kind == "subnormal"), x
+    # nor does any other number on the page before 1.4 sit near an edge, bar the edges themselves
+    for token in re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?", _shown_before("1.4")):
+        if float(token) != 0:
+            assert not 1 / 64 < _binades_from_fp16_edges(float(token)) <= 2, token
 
 
 # --- 1.1 decode a pattern by hand -------------------------------------------------------------

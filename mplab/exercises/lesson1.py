@@ -149,10 +149,10 @@ def _check_1_3(answer) -> str | None:
 
 # --- 1.4 range vs precision: fp16 or bf16? ----------------------------------------------------
 
-# None of these is in the lesson's compare() table above the exercise: the learner reasons each
-# one out (range first, then precision) rather than reading it off. 60000 is the trap: large,
-# yet inside fp16's range, where fp16's 10 mantissa bits hold it exactly.
-NUMBERS_1_4 = (300.3, 60000.0, 1e-06, 3e-09, 123456.0)
+# The lesson's compare() table shows the rule on values far from fp16's range edges; these sit
+# near the edges (or among fp16's subnormals), so no row answers one: each needs comparing with
+# fp16's limits first. 60000 and 0.0001 are the traps: large, or small, yet still fp16 normals.
+NUMBERS_1_4 = (0.0001, 60000.0, 1e-06, 123456.0, 2e-08)
 CHOICES = ("fp16", "bf16")
 
 
@@ -177,8 +177,8 @@ def _why_1_4(x: float) -> str:
     if loser.kind == "subnormal":
         return (f"{x!r}: it is below one format's smallest normal number, where subnormals keep "
                 "fewer and fewer significant bits. Range eats precision there.")
-    return (f"{x!r} is well inside both formats' ranges, so range does not decide it: precision "
-            "does. Which format keeps more mantissa bits?")
+    return (f"{x!r} is a normal number in both formats: check it against each format's limits. "
+            "Range does not decide it, so precision does. Which format keeps more mantissa bits?")
 
 
 def _choice(value) -> str | None:
