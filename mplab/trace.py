@@ -8,46 +8,29 @@
 
 How it sees it. A `TorchDispatchMode` sits *below* autocast in torch's dispatcher, so it sees
 the ops after autocast has acted: the `aten::_to_copy` casts autocast inserted, and every op
-with the dtypes it really got. What it cannot see is whether autocast was on: by the time an
-op reaches Python's dispatch handler, every dispatch key above it, Autocast included, is
-excluded, so autocast's own exclusion (ATen's autocast kernels exclude the key while they cast
-and run an op) leaves no trace there. A `TorchFunctionMode`, above autocast, fills the gap: for
-each Python-level torch call (`F.linear`, `F.cross_entropy`, `x + y`, `x.float()`) it notes
-whether autocast is on and whether the code asked for a dtype itself. Then, from what ran:
+with the dtypes it really got. It cannot see whether autocast was on (every dispatch key above
+Python's handler is excluded by then, Autocast's own exclusion included), so a
+`TorchFunctionMode` above autocast notes, for each Python-level torch call (`F.linear`,
+`F.cross_entropy`, `x + y`, `x.float()`), whether autocast is on and whether the code asked for
+a dtype itself. From what ran, each op gets one kind: `KINDS` says what each means
+(`Trace.kinds()`: those a trace holds, as a table); `autocast_policy` shows autocast's lists
+themselves, on a few calls traced one by one. Autocast's promote list (`cat`, `stack`, ...) is
+the one list taken from ATen's autocast_mode.cpp rather than observed.
 
-- "cast": a dtype-changing `_to_copy` in a call where autocast was on and the code asked for
-  no dtype, i.e. one autocast inserted (fp32 weight -> bf16 before `addmm`); in backward, the
-  gradient of such a cast (bf16 -> fp32 on its way back to the fp32 weight);
-- "cast (explicit)": a conversion the code asked for (`.float()`, `.to(dtype)`, `dtype=`);
-- "low precision": an op that produced fp16/bf16;
-- "fp32 (autocast)": an op that ran in fp32 in a call where autocast first cast an input up
-  from fp16/bf16 (its fp32 list, e.g. `F.cross_entropy`: cast, `_log_softmax`,
-  `nll_loss_forward`), or turned fp16/bf16 inputs into an fp32 result by itself (CUDA's
-  `_softmax(half_to_float=True)`). An fp32-list op fed fp32 anyway shows as plain "fp32":
-  autocast had nothing to do;
-- "promote": fp32 from mixed fp16/bf16 and fp32 inputs, by autocast's promote policy (`cat`,
-  `stack`, ...: the one list taken from ATen's autocast_mode.cpp rather than observed) or by
-  the op's own type promotion (`add(bf16, fp32)`, e.g. a residual connection);
-- "fp32": fp32 from fp32 inputs;
-- "view": aliasing ops (`t`, `view`, `expand`, `detach`) that compute nothing;
-- "other": no floating tensors (index arithmetic, masks), or float64.
-
-Each op also records whether autocast cast an input of its call first (`autocast_cast`: the
-column "autocast cast inputs"), which tells an fp32-list op from one that was simply given fp32:
-`_log_softmax` after autocast's bf16 -> fp32 cast says yes, a `native_layer_norm` fed an fp32
-residual says no. Casts, views, "other" ops and the backward (autocast is off there) say neither.
-
-A Python-level function such as `F.cross_entropy` counts as one call: its inner calls are not
-seen one by one, so after an upcast all of its fp32 ops count as autocast's.
+Each op also records whether autocast cast an input of its call first (`autocast_cast`, the
+column "autocast cast inputs"): `_log_softmax` after autocast's bf16 -> fp32 cast says yes, a
+`native_layer_norm` fed an fp32 residual says no. Casts, views, "other" ops and the backward
+(autocast is off there) say neither. A Python-level function such as `F.cross_entropy` counts
+as one call: after an upcast, all of its fp32 ops count as autocast's.
 
 Modules. Forward ops belong to the innermost module running (`named_modules()` names, "" for
-the model itself, "(loss)" for a loss computed outside it), tracked with forward pre/post
-hooks. Backward ops belong to the module whose forward created the autograd node that runs
-them (looked up through `torch._C._current_autograd_node()`); "(autograd)" when no node runs.
+the model itself, "(loss)" for a loss computed outside it), tracked with forward hooks;
+backward ops to the module whose forward created the autograd node running them
+(`torch._C._current_autograd_node()`), "(autograd)" when none runs.
 
-The step: the forward and the loss run under `torch.autocast(device, dtype)`, the backward
-outside it, as the AMP recipe says. The model is moved to `device` for the trace and back,
-and its gradients are left as they were.
+The step: the forward and the loss under `torch.autocast(device, dtype)`, the backward outside
+it, as the AMP recipe says. The model is moved to `device` and back; its gradients are left as
+they were.
 """
 
 from __future__ import annotations
@@ -57,6 +40,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -65,15 +49,25 @@ from mplab._display import Table
 from mplab.formats import dtype_of, get_format
 from mplab.hardware import resolve_device
 
-CAST, EXPLICIT_CAST = "cast", "cast (explicit)"
-LOW, FP32_AUTOCAST, FP32 = "low precision", "fp32 (autocast)", "fp32"
-PROMOTE, VIEW, OTHER = "promote", "view", "other"
-KINDS = (CAST, EXPLICIT_CAST, LOW, FP32_AUTOCAST, PROMOTE, FP32, VIEW, OTHER)
+CAST, EXPLICIT_CAST = "cast (autocast)", "cast (explicit)"
+LOW, FP32_AUTOCAST, PROMOTE = "low precision", "fp32 (autocast)", "fp32 (promoted)"
+FP32, VIEW, OTHER = "fp32 (as given)", "view", "other"
+#: Every kind an op can get, and what it means: the one list the tables and lessons use.
+KINDS = {CAST: "a conversion autocast inserted (an fp32 weight to bf16 before a matmul, a bf16 "
+               "input up for an op on its fp32 list); in backward, such a cast's gradient",
+         EXPLICIT_CAST: "a conversion the code asked for (.float(), .to(dtype), dtype=...)",
+         LOW: "an op that produced fp16 or bf16",
+         FP32_AUTOCAST: "fp32, because autocast first cast an fp16/bf16 input of the call up (an "
+                        "op on its fp32 list), or the op made fp32 of fp16/bf16 inputs itself",
+         PROMOTE: "fp32 from fp16/bf16 and fp32 inputs mixed: type promotion (add(bf16, fp32)) "
+                  "or autocast's promote list (cat, stack, ...)",
+         FP32: "fp32 from fp32 inputs: autocast changed nothing",
+         VIEW: "an aliasing op (t, view, expand, detach): it computes nothing",
+         OTHER: "no floating-point tensors (indices, masks), or float64"}
 
 _LOW = (torch.float16, torch.bfloat16)
 _CASTS = ("aten::_to_copy", "aten::copy_")  # copy_(dst, src) casts src into dst's dtype
-# Autocast's promote policy (ATen autocast_mode.cpp, CPU and CUDA lists): the only names taken
-# from torch's source rather than observed, to tell a promotion from an fp32-list op.
+# Autocast's promote policy (ATen autocast_mode.cpp, CPU and CUDA lists)
 _PROMOTE = {"cat", "stack", "index_copy", "addcdiv", "addcmul", "atan2", "_trilinear", "cross",
             "linalg_cross", "dot", "vdot", "grid_sampler_2d", "grid_sampler_3d", "index_put",
             "index_put_", "_index_put_impl_", "scatter_add", "tensordot"}
@@ -112,13 +106,10 @@ class Trace:
     """The ops of one traced step (`records`) and views of them."""
 
     def __init__(self, records: list[OpRecord], device: torch.device, dtype: torch.dtype):
-        self.records = records
-        self.device = device
-        self.dtype = dtype
+        self.records, self.device, self.dtype = records, device, dtype
 
     def __repr__(self) -> str:
-        kinds = Counter(r.kind for r in self.records)
-        counts = ", ".join(f"{n} {k}" for k, n in kinds.items())
+        counts = ", ".join(f"{n} {k}" for k, n in Counter(r.kind for r in self.records).items())
         return f"Trace({len(self.records)} ops, {self.setting}: {counts})"
 
     @property
@@ -132,13 +123,9 @@ class Trace:
         """The records of one phase ("forward"/"backward", None for both) and of some kinds."""
         if phase not in (None, "forward", "backward"):
             raise ValueError(f"phase must be 'forward', 'backward' or None, got {phase!r}")
-        if isinstance(kinds, str):
-            kinds = [kinds]
-        if kinds is not None:
-            kinds = list(kinds)
-            unknown = [k for k in kinds if k not in KINDS]
-            if unknown:
-                raise ValueError(f"unknown kind(s) {unknown!r}; accepted: {', '.join(KINDS)}")
+        kinds = [kinds] if isinstance(kinds, str) else None if kinds is None else list(kinds)
+        if kinds is not None and (unknown := [k for k in kinds if k not in KINDS]):
+            raise ValueError(f"unknown kind(s) {unknown!r}; accepted: {', '.join(KINDS)}")
         return [r for r in self.records
                 if (phase is None or r.phase == phase) and (kinds is None or r.kind in kinds)]
 
@@ -162,11 +149,17 @@ class Trace:
                 "op": op, "count": len(recs),
                 "kind": ", ".join(k if n == len(recs) else f"{k} x{n}"
                                   for k, n in kinds.most_common()),
-                "inputs": _seen(d for r in recs for d in r.inputs),
-                "outputs": _seen(d for r in recs for d in r.outputs),
+                "inputs": _dtypes(sorted({d for r in recs for d in r.inputs}, key=str)),
+                "outputs": _dtypes(sorted({d for r in recs for d in r.outputs}, key=str)),
                 "autocast cast inputs": _yes_no(r.autocast_cast for r in recs),
                 "phases": "/".join(sorted({r.phase for r in recs}, reverse=True))})
         return Table(rows, title="which ops stayed in low precision and which ran in fp32")
+
+    def kinds(self) -> Table:
+        """The kinds this trace's ops got, in `KINDS`' order: how many ops, and what it means."""
+        seen = Counter(r.kind for r in self.records)
+        return Table([{"kind": k, "ops": seen[k], "what it means": meaning}
+                      for k, meaning in KINDS.items() if seen[k]], title="the trace's kinds")
 
     def by_layer(self, phase: str = "forward") -> LayerView:
         """One row per module: its ops in order as tags coloured by kind (views and integer
@@ -200,7 +193,7 @@ class Trace:
         """The dtype the forward's matmul/conv ops ran in (the most common one, should they
         differ: `summary()` tells them apart); None if none ran. Backward's follow the forward."""
         seen = Counter(r.outputs[0] for r in self.select("forward")
-                       if r.outputs and _is_matmul(r.name))
+                       if r.outputs and (r.name in _MATMULS or "conv" in r.name))
         return seen.most_common(1)[0][0] if seen else None
 
 
@@ -208,16 +201,15 @@ class LayerView:
     """Per-module op tags: `rows` maps a module name to its records; HTML in a notebook."""
 
     def __init__(self, rows: dict[str, list[OpRecord]], title: str):
-        self.rows = rows
-        self.title = title
+        self.rows, self.title = rows, title
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __str__(self) -> str:
         width = max((len(_module_label(m)) for m in self.rows), default=0)
-        lines = [self.title, "legend: '!' autocast ran it in fp32, '~' explicit cast, "
-                 "'+' promoted"]
+        lines = [self.title, f"legend: '!' {FP32_AUTOCAST}, '+' {PROMOTE}, '~' {EXPLICIT_CAST}, "
+                 f"unmarked a->b {CAST}"]
         lines += [f"{_module_label(m).ljust(width)}  " + " ".join(_text_tag(r) for r in recs)
                   for m, recs in self.rows.items()]
         return "\n".join(lines)
@@ -251,19 +243,10 @@ def _dtypes(dtypes) -> str:
     return ", ".join(_short(d) for d in dtypes)
 
 
-def _seen(dtypes) -> str:
-    return _dtypes(sorted(set(dtypes), key=str))
-
-
 def _yes_no(flags) -> str:
     """"yes", "no", or both with counts ("no x4, yes x1"); "" when no record answers (None)."""
     seen = Counter("yes" if f else "no" for f in flags if f is not None)
-    total = sum(seen.values())
-    return ", ".join(k if n == total else f"{k} x{n}" for k, n in sorted(seen.items()))
-
-
-def _is_matmul(name: str) -> bool:
-    return name in _MATMULS or "conv" in name
+    return ", ".join(k if n == seen.total() else f"{k} x{n}" for k, n in sorted(seen.items()))
 
 
 def _source(op: str, inputs: tuple) -> torch.dtype:
@@ -279,16 +262,16 @@ def _text_tag(r: OpRecord) -> str:
     return f"{r.name}:{_dtypes(r.outputs[:1]) or '-'}{mark}"
 
 
+def _html_tag(r: OpRecord) -> str:
+    title = f"{r.op}: {_dtypes(r.inputs) or '-'} -> {_dtypes(r.outputs) or '-'} ({r.kind})"
+    return _span(_text_tag(r), r.kind, title)
+
+
 def _span(text: str, kind: str, title: str) -> str:
     css = kind.replace(" ", "-").replace("(", "").replace(")", "")
     return (f"<span class='op {css}' title='{html.escape(title, quote=True)}' style='"
             f"background:{_COLOURS[kind]};border-radius:3px;padding:0 3px;margin:1px;"
             f"display:inline-block;font-family:monospace'>{html.escape(text)}</span>")
-
-
-def _html_tag(r: OpRecord) -> str:
-    title = f"{r.op}: {_dtypes(r.inputs) or '-'} -> {_dtypes(r.outputs) or '-'} ({r.kind})"
-    return _span(_text_tag(r), r.kind, title)
 
 
 # Python-level calls that convert because the code asked (so does any call given a dtype)
@@ -334,6 +317,9 @@ class _Recorder(TorchDispatchMode):
                                      kind, cast_first))
         return out
 
+    def leave(self, module, args, output) -> None:  # a forward hook: the module has run
+        self.modules.pop()
+
     @staticmethod
     def classify(func, op: str, ins: tuple, outs: tuple, call: _Call) -> str:
         if op in _CASTS and ins and outs and _source(op, ins) != outs[0]:
@@ -356,13 +342,13 @@ class _Recorder(TorchDispatchMode):
         return PROMOTE if any(d in _LOW for d in ins) else FP32
 
 
+@dataclass
 class _Call:
     """One Python-level torch call: may autocast have acted in it, and what it did there."""
 
-    def __init__(self, implicit: bool):
-        self.implicit = implicit  # autocast on, and no dtype asked for by the code
-        self.casts = 0            # casts autocast inserted
-        self.upcast = False       # one of them low -> fp32
+    implicit: bool        # autocast on, and no dtype asked for by the code
+    casts: int = 0        # casts autocast inserted
+    upcast: bool = False  # one of them low -> fp32
 
 
 class _CallWatcher(TorchFunctionMode):
@@ -407,11 +393,10 @@ class _CallWatcher(TorchFunctionMode):
 def parse_precision(precision) -> torch.dtype:
     """torch.bfloat16/float16 or "bf16"/"fp16" (autocast), torch.float32/"fp32" (autocast off)."""
     try:
-        dtype = dtype_of(precision)
+        if (dtype := dtype_of(precision)) in (*_LOW, torch.float32):
+            return dtype
     except ValueError:
-        dtype = None
-    if dtype in (*_LOW, torch.float32):
-        return dtype
+        pass
     raise ValueError(f"unknown precision {precision!r}; accepted: 'bf16', 'fp16' (or "
                      "torch.bfloat16, torch.float16), or 'fp32' / torch.float32 for a step "
                      "without autocast")
@@ -421,16 +406,14 @@ def trace(model, batch_or_inputs, *, precision="bf16", device="auto", loss_fn=No
           backward: bool = True) -> Trace:
     """Run one step of `model` under autocast and record every aten op that ran.
 
-    `batch_or_inputs`: a dict (Hugging Face style, called as `model(**batch)`), a tensor
-    (`model(x)`) or a tuple/list of inputs (`model(*inputs)`); tensors are moved to `device`.
-    The loss, computed under autocast like the forward: `loss_fn(output)` if given; else for a
-    dict batch `output.loss` (an HF model given "labels"); else `output.float().sum()` of the
-    output tensor (or its first one), a stand-in that reaches every parameter (its `.float()`
-    shows as an explicit cast). `backward=False` records the forward only.
-    `precision`: bf16 or fp16 autocast; fp32 traces the same step without autocast, for comparison.
-    The first trace in a process takes 2-3 s more: torch imports torch._dynamo the first time a
-    dispatch mode runs (2.13, 2 CPU cores); then a step of the lesson model on 8 reviews
-    takes 0.2-0.9 s.
+    `batch_or_inputs`: a dict (`model(**batch)`, Hugging Face style), a tensor (`model(x)`) or
+    a tuple/list (`model(*inputs)`); tensors are moved to `device`. The loss, under autocast
+    like the forward: `loss_fn(output)` if given; else for a dict batch `output.loss`; else
+    `output.float().sum()` of the (first) output tensor, a stand-in that reaches every
+    parameter (its `.float()` shows as an explicit cast). `backward=False`: the forward only.
+    `precision`: bf16 or fp16 autocast; fp32 traces the step without autocast, to compare.
+    The first trace in a process takes 2-3 s more (torch imports torch._dynamo); then a step of
+    the lesson model on 8 reviews takes 0.2-0.9 s (torch 2.13, 2 CPU cores).
     """
     dtype = parse_precision(precision)
     if not isinstance(device, str | torch.device):
@@ -447,8 +430,7 @@ def trace(model, batch_or_inputs, *, precision="bf16", device="auto", loss_fn=No
         raise ValueError(f"loss_fn must be a function of the model's output, got {loss_fn!r}")
     call = _caller(batch_or_inputs, dev)
     params = list(model.parameters())
-    home = {p.device for p in params}
-    grads = [p.grad for p in params]
+    home, grads = {p.device for p in params}, [p.grad for p in params]
     for p in params:  # backward would add into the saved gradients in place
         p.grad = None
     recorder = _Recorder(enabled=dtype != torch.float32)
@@ -457,8 +439,9 @@ def trace(model, batch_or_inputs, *, precision="bf16", device="auto", loss_fn=No
         if len(home) == 1 and home != {dev}:
             model.to(dev)
         for name, module in model.named_modules():
-            hooks.append(module.register_forward_pre_hook(_enter(recorder, name)))
-            hooks.append(module.register_forward_hook(_leave(recorder)))
+            hooks.append(module.register_forward_pre_hook(
+                lambda m, args, name=name: recorder.modules.append(name)))
+            hooks.append(module.register_forward_hook(recorder.leave))
         with recorder, _CallWatcher(recorder, dev):
             with torch.autocast(dev.type, dtype=dtype if recorder.enabled else None,
                                 enabled=recorder.enabled):
@@ -481,35 +464,18 @@ def trace(model, batch_or_inputs, *, precision="bf16", device="auto", loss_fn=No
     return Trace(recorder.records, dev, dtype)
 
 
-def _enter(recorder: _Recorder, name: str):
-    def hook(module, args):
-        recorder.modules.append(name)
-    return hook
-
-
-def _leave(recorder: _Recorder):
-    def hook(module, args, output):
-        recorder.modules.pop()
-    return hook
-
-
 def _caller(batch, dev: torch.device):
     """A function that calls the model with `batch` moved to `dev`."""
     def move(x):
         return x.to(dev) if isinstance(x, torch.Tensor) else x
-
     if isinstance(batch, dict):
-        bad = [k for k in batch if not isinstance(k, str)]
-        if bad:
+        if bad := [k for k in batch if not isinstance(k, str)]:
             raise ValueError(f"a dict batch is passed as model(**batch), so its keys must be "
                              f"strings; got keys {bad!r}")
         moved = {k: move(v) for k, v in batch.items()}
         return lambda model: model(**moved)
-    if isinstance(batch, torch.Tensor):
-        moved = move(batch)
-        return lambda model: model(moved)
-    if isinstance(batch, tuple | list) and batch:
-        inputs = [move(x) for x in batch]
+    if isinstance(batch, torch.Tensor) or isinstance(batch, tuple | list) and batch:
+        inputs = [move(x) for x in ([batch] if isinstance(batch, torch.Tensor) else batch)]
         return lambda model: model(*inputs)
     empty = " (empty)" if isinstance(batch, tuple | list) else ""
     raise ValueError(f"batch_or_inputs must be a dict (model(**batch)), a tensor (model(x)) or "
@@ -522,15 +488,14 @@ def _loss(output, loss_fn, batch) -> torch.Tensor:
     if loss_fn is not None:
         loss, source = loss_fn(output), "loss_fn(output)"
     elif isinstance(batch, dict):
-        loss, source = getattr(output, "loss", None), "output.loss"
-        if loss is None:
+        if (loss := getattr(output, "loss", None)) is None:
             raise ValueError(f"the model returned no loss for a batch with keys {list(batch)}; "
                              "include 'labels', give loss_fn=..., or trace with backward=False")
+        source = "output.loss"
     else:
-        first = output
-        if not isinstance(first, torch.Tensor):
-            items = output.to_tuple() if hasattr(output, "to_tuple") else output
-            first = next(iter(_tensors(items)), None) if isinstance(items, tuple | list) else None
+        items = output.to_tuple() if hasattr(output, "to_tuple") else output
+        first = output if isinstance(output, torch.Tensor) else next(
+            iter(_tensors(items)), None) if isinstance(items, tuple | list) else None
         if first is None or not first.is_floating_point():
             raise ValueError(f"cannot make a loss from the model's output "
                              f"({type(output).__name__}); give loss_fn=..., or trace with "
@@ -545,11 +510,45 @@ def _loss(output, loss_fn, batch) -> torch.Tensor:
     return loss
 
 
+#: The calls `autocast_policy` traces: where CPU and CUDA autocast differ, and a loss.
+POLICY_CALLS = {
+    "F.softmax(x, -1)": lambda x: F.softmax(x, -1),
+    "F.log_softmax(x, -1)": lambda x: F.log_softmax(x, -1),
+    "F.layer_norm(x, (8,))": lambda x: F.layer_norm(x, (8,)),
+    "x.sum()": lambda x: x.sum(),
+    "F.cross_entropy(x, labels)": lambda x: F.cross_entropy(x, torch.arange(4, device=x.device)),
+}
+
+
+class _Apply(torch.nn.Module):  # a call as a model, for trace()
+    def __init__(self, fn):
+        super().__init__()
+        self.forward = fn
+
+
+def autocast_policy(precision="bf16", device="auto", calls=None) -> Table:
+    """What autocast does to each of `calls` (name -> function of x; default `POLICY_CALLS`)
+    on `device`, seen by tracing the call alone on a 4x8 tensor `x` already in `precision`,
+    as a matmul under autocast hands it on: the dtype it computed in, its kind, and the aten
+    ops one Python call ran as (casts and views left out)."""
+    if (dtype := parse_precision(precision)) == torch.float32:
+        raise ValueError(f"autocast_policy needs precision 'bf16' or 'fp16', got {precision!r}")
+    rows = []
+    for name, fn in (POLICY_CALLS if calls is None else calls).items():
+        t = trace(_Apply(fn), torch.randn(4, 8).to(dtype), precision=dtype, device=device,
+                  backward=False)
+        ran = [r for r in t.records if r.kind not in (CAST, EXPLICIT_CAST, VIEW, OTHER)]
+        rows.append({"call": name, "computed in": _dtypes(ran[-1].outputs[:1]) if ran else "-",
+                     "kind": ", ".join(dict.fromkeys(r.kind for r in ran)),
+                     "ran as": ", ".join(r.op for r in ran)})
+    return Table(rows, title=f"autocast's policy, each call traced alone ({t.setting}, "
+                             f"x in {_short(dtype)})")
+
+
 class MatmulDtypeProbe:
-    """The dtype a model's matmuls ran in, seen cheaply during a real run (no trace): a forward
-    hook on its first matmul layer (Linear, Conv, Hugging Face's Conv1D) reads the dtype of its
-    output on the first call, which under autocast is the dtype the matmul ran in; then the
-    hook removes itself. `trace(...).matmul_dtype` gives the same answer from every aten op."""
+    """The dtype a model's matmuls ran in, seen cheaply in a real run: a forward hook on its
+    first matmul layer (Linear, Conv, Hugging Face's Conv1D) reads its output's dtype on the
+    first call, then removes itself. `trace(...).matmul_dtype` sees it from every aten op."""
 
     def __init__(self, model: torch.nn.Module):
         self.dtype: torch.dtype | None = None

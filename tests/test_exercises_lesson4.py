@@ -8,8 +8,10 @@ import torch
 from conftest import failed_saying, run_cell
 
 from mplab.exercises import lesson4 as ex
+from mplab.failures import overflow_demo
+from mplab.formats import get_format
 from mplab.lessons import lesson_trace
-from mplab.trace import FP32_AUTOCAST
+from mplab.trace import FP32_AUTOCAST, OTHER, VIEW
 
 IDS = list(ex.EXERCISES)
 
@@ -96,10 +98,39 @@ def test_4_4_wrong_choices_explain_themselves():
     assert "one letter" in ex.check("4.4", "z").message
 
 
+def test_4_4_evidence_shows_the_stages_but_neither_fp16s_limit_nor_the_cause():
+    """The learner links the largest value with fp16's range: neither the table above the
+    exercise nor its task names the limit."""
+    demo, table = overflow_demo("fp16"), ex.overflow_evidence("fp16")
+    assert table.rows == demo.table().rows  # the demo's own measurements, as they are
+    top = float(get_format("fp16").max_finite)
+    page = str(table) + ex.EXERCISES["4.4"].prompt
+    assert all(s not in page for s in (f"{top:g}", f"{top:,.0f}", "largest finite value"))
+    # ...yet the evidence is there: an inf where fp32's value is past the limit, then NaNs
+    first = next(r for r in table if r["inf"])
+    assert first["fp32 max |x|"] > top
+    assert any(r["NaN"] for r in table.rows[table.rows.index(first) + 1:])
+    assert all(not (r["inf"] or r["NaN"]) for r in ex.overflow_evidence("bf16"))
+
+
 def test_4_1_task_points_at_the_trace_column_that_settles_the_reason():
     prompt = ex.EXERCISES["4.1"].prompt
     assert "`autocast cast inputs`" in prompt and "autocast cast inputs" in str(lesson_trace()
                                                                                .summary())
+
+
+def test_4_1_the_right_reason_is_true_of_the_trace_and_the_others_are_not():
+    t = lesson_trace()
+    fwd = [r for r in t.select("forward") if r.kind not in (VIEW, OTHER)]
+    norms = [i for i, r in enumerate(fwd) if r.op == "aten::native_layer_norm"]
+    assert norms
+    for i in norms:  # (b): the add before each produced fp32, and autocast cast nothing for it
+        assert fwd[i - 1].op == "aten::add" and fwd[i - 1].outputs == (torch.float32,)
+        assert fwd[i].autocast_cast is False and fwd[i].kind != FP32_AUTOCAST  # not (a)
+    addmm = [r for r in fwd if r.op == "aten::addmm"]
+    assert addmm and all(r.outputs == (torch.bfloat16,) for r in addmm)  # not (c), not (d)
+    failed_saying(ex.check("4.1", {"forced": next(iter(t.fp32_ops)), "layer_norm": "d"}),
+                  "weights do not decide")
 
 
 def test_4_1_answers_follow_the_trace():

@@ -14,9 +14,12 @@ from mplab.trace import (
     EXPLICIT_CAST,
     FP32,
     FP32_AUTOCAST,
+    KINDS,
     LOW,
+    POLICY_CALLS,
     PROMOTE,
     LayerView,
+    autocast_policy,
     trace,
 )
 
@@ -234,6 +237,35 @@ def test_hooks_and_modes_are_removed_when_the_step_raises(where):
     assert _get_current_dispatch_mode() is None and _get_current_function_mode() is None
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
     assert not torch.is_autocast_enabled("cpu")
+
+
+def test_no_kind_reads_as_another_and_each_trace_defines_the_kinds_it_uses(head_trace):
+    # labels that share a first word ("fp32 ...", "cast ...") each say whose decision it was
+    for a in KINDS:
+        for b in KINDS:
+            if a != b and a.split()[0] == b.split()[0]:
+                assert "(" in a and "(" in b, (a, b)
+    kinds = head_trace.kinds()
+    used = {r.kind for r in head_trace.records}
+    assert [row["kind"] for row in kinds] == [k for k in KINDS if k in used]
+    for row in kinds:
+        assert row["ops"] == sum(r.kind == row["kind"] for r in head_trace.records)
+        assert row["what it means"] == KINDS[row["kind"]]
+
+
+def test_autocast_policy_agrees_with_torch_autocast_call_by_call():
+    policy = autocast_policy("bf16", device="cpu")
+    assert policy.column("call") == list(POLICY_CALLS)
+    for row, fn in zip(policy, POLICY_CALLS.values()):
+        want = under_cpu_autocast(fn, torch.randn(4, 8, dtype=torch.bfloat16))
+        assert row["computed in"] == {torch.bfloat16: "bf16", torch.float32: "fp32"}[want], row
+        assert row["kind"] == (FP32_AUTOCAST if want == torch.float32 else LOW), row
+    ce = policy[policy.column("call").index("F.cross_entropy(x, labels)")]
+    assert ce["ran as"] == "aten::_log_softmax, aten::nll_loss_forward"
+    assert autocast_policy("fp16", device="cpu", calls={"x.sum()": lambda x: x.sum()}).column(
+        "computed in") == ["fp16"]
+    with pytest.raises(ValueError, match="'bf16' or 'fp16', got 'fp32'"):
+        autocast_policy("fp32", device="cpu")
 
 
 def test_table_summary_and_by_layer_render(head_trace):

@@ -93,3 +93,49 @@ def test_fp16_through_accelerate_on_a_cpu_is_shown_as_not_really_mixed():
     assert row["path"] == "accelerate" and row["matmuls ran in"] == "float32"
     assert row["really mixed?"].startswith("no (") and "fallback" in row["really mixed?"]
     assert "fp16" in panel.message.value
+
+
+def _run(precision, losses):
+    return TrainResult(path="torch", precision=precision, device="cpu", model="lesson",
+                       losses=list(losses))
+
+
+def test_loss_overlaps_says_which_curves_lie_on_top_of_each_other_from_versus():
+    runs = {"fp32": _run("fp32", [0.7, 0.5, 0.3, 0.2]), "bf16": _run("bf16", [0.7, 0.5002, 0.3]),
+            "fp16": _run("fp16", [0.7, 0.5002, 0.3]), "far": _run("fp16", [0.7, 0.6, 0.5])}
+    lines = lesson4.loss_overlaps(runs).splitlines()
+    assert len(lines) == 6  # every pair
+    v = runs["bf16"].versus(runs["fp32"])
+    assert lines[0] == (f"fp32 and bf16: largest gap {v['largest_gap']:.4f}, at step "
+                        f"{v['gap_step']} of the 3 both trained, under 1% of the 0.500 the "
+                        "losses span: the curves lie on top of each other")
+    assert lines[3] == ("bf16 and fp16: the same losses bit for bit over the 3 steps both "
+                        "trained, drawn as one line")
+    far = runs["far"].versus(runs["fp32"])
+    assert lines[2].startswith(f"fp32 and far: largest gap {far['largest_gap']:.4f}, at step 3")
+    assert lines[2].endswith(f"{far['largest_gap'] / 0.5:.0%} of the 0.500 the losses span: "
+                             "the curves part there")
+    with pytest.raises(ValueError, match="label -> TrainResult, got list"):
+        lesson4.loss_overlaps([runs["fp32"]])
+
+
+def test_size_effect_speaks_of_size_only_where_the_table_timed_more_than_one(machine):
+    from mplab import bench
+
+    sizes = ({"hidden_size": 64, "num_hidden_layers": 1}, {"hidden_size": 128,
+                                                          "num_hidden_layers": 1})
+    speeds = bench.training_speed(sizes, device="auto", steps=2, batch_size=2)
+    words = lesson4.size_effect(speeds)
+    bf16 = [r for r in speeds if r["precision"] == "bf16"]
+    assert words.startswith(f"bf16 ran at {bf16[0]['speed vs fp32']:.2f}× fp32's speed at "
+                            "hidden 64, 1 layers")
+    if machine.device == "cpu" and not machine.cpu_bf16:
+        assert len(bf16) == 1
+        assert "this CPU has no bf16 arithmetic units" in words and "cannot show here" in words
+    else:
+        assert len(bf16) == 2 and "cannot show" not in words
+        assert f"then {bf16[1]['speed vs fp32']:.2f}× fp32's speed at hidden 128" in words
+        first, last = bf16[0]["speed vs fp32"], bf16[1]["speed vs fp32"]
+        assert ("gained with size" in words) == (last > 1.1 * first)
+    with pytest.raises(ValueError, match="bench.training_speed"):
+        lesson4.size_effect(speeds.__class__([{"precision": "bf16"}]))

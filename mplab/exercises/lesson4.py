@@ -4,9 +4,9 @@
     ex.check("4.2", order); ex.hint("4.2"); ex.solution("4.2")
 
 The references are runs: a learner's order of calls is executed with torch.amp.GradScaler (and
-its real error, if any, is quoted), a learner's training step is compared bit for bit with the
-course's loop, and the trace questions are answered by :func:`mplab.lessons.lesson_trace`, the
-same trace the notebook shows.
+its real error, if any, is quoted), a learner's training step is compared bit for bit with a
+reference fp16 step, and the trace questions are answered by :func:`mplab.lessons.lesson_trace`,
+the same trace the notebook shows. `overflow_evidence` is what 4.4 is asked about.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import functools
 
 import torch
 
+from mplab._display import Table
 from mplab.exercises import (
     Exercise,
     Incorrect,
@@ -27,8 +28,9 @@ from mplab.exercises import (
     python_block,
     same_tensors,
 )
+from mplab.failures import overflow_demo
 from mplab.lessons import lesson_trace
-from mplab.trace import FP32_AUTOCAST, LOW, PROMOTE
+from mplab.trace import FP32, FP32_AUTOCAST, LOW, PROMOTE
 
 # --- 4.2 order the calls ----------------------------------------------------------------------
 
@@ -96,8 +98,8 @@ def _check_4_2(answer) -> str | None:
                     "optimizer has none to step with.")
         return said + " Put each call after the one whose result it needs."
     if same_tensors(weights, run_order(list(RIGHT_4_2[0]))):
-        return None  # any order that trains exactly as the course's loop does
-    return ("That order runs, but the model does not train as the course's loop does: which "
+        return None  # any order that trains exactly as the right one does
+    return ("That order runs, but the model does not train as the right order does: which "
             "call needs the result of which?")
 
 
@@ -144,7 +146,7 @@ def _check_4_3(fn) -> str | None:
     if same_tensors(got, _weights_after(functools.partial(_course_step, autocast=False))[0]):
         return ("The scaler is in, but the forward pass still runs in fp32: wrap the model "
                 "call and the loss in torch.autocast(\"cpu\", dtype=torch.float16).")
-    return ("After 3 steps the weights differ from the course's loop. Keep the same loss "
+    return ("After 3 steps the weights differ from the reference step's. Keep the same loss "
             "(computed under autocast), then scale, step, update, zero_grad.")
 
 
@@ -152,8 +154,8 @@ def _check_4_3(fn) -> str | None:
 
 CHOICES_4_4 = {
     "a": "The learning rate is too high, so the weights diverge.",
-    "b": "A feed-forward activation exceeds fp16's largest value, 65504: it becomes inf, and "
-         "the LayerNorm after it turns the inf into NaN.",
+    "b": "A feed-forward activation is larger than fp16 can hold: it becomes inf, and the "
+         "LayerNorm after it turns the inf into NaN.",
     "c": "The GradScaler's scale is too large, so the gradients overflow.",
     "d": "The loss must be computed outside autocast.",
 }
@@ -170,14 +172,22 @@ WHY_NOT_4_4 = {
 _check_4_4 = multiple_choice(CHOICES_4_4, "b", WHY_NOT_4_4)
 
 
+def overflow_evidence(precision: str = "fp16") -> Table:
+    """The table 4.4 asks about: :func:`mplab.failures.overflow_demo` in `precision`, stage by
+    stage beside fp32 (largest |value|, infs, NaNs), its rows as they are, under a title that
+    names neither the format's limit nor a cause: linking the two is the learner's step."""
+    demo = overflow_demo(precision)
+    return Table(demo.table().rows, title=f"{demo.block} in {demo.precision}, stage by stage "
+                                          "beside fp32")
+
+
 # --- 4.1 read the trace -----------------------------------------------------------------------
 
 REASONS_4_1 = {
-    "a": "`layer_norm` is on CPU autocast's fp32 list: autocast cast its input up to fp32.",
-    "b": "Its input was already fp32, and autocast cast nothing: the add before it gives "
-         "fp32 (a residual add of a bf16 output and the fp32 input promotes), and "
-         "`layer_norm` runs in the dtype it is given.",
+    "a": "It is on CPU autocast's fp32 list: autocast cast its bf16 input up to fp32.",
+    "b": "The add before each one already produced fp32, and autocast left that input as it was.",
     "c": "Autocast hands every op's result back in fp32, whatever the op computed in.",
+    "d": "Its weight and bias are fp32, and autocast runs each op in its weights' dtype.",
 }
 
 
@@ -209,12 +219,15 @@ def _check_4_1(answer) -> str | None:
         return (f"{op} ran in fp32, but only because it was given fp32: autocast did nothing "
                 f"to it. Look for the kind \"{FP32_AUTOCAST}\".")
     if reason != "b":
-        return {"a": "Look at native_layer_norm's row: \"autocast cast inputs\" says no, and "
-                     "its kind is plain \"fp32\", not \"fp32 (autocast)\" as the loss's ops "
+        return {"a": f"Look at native_layer_norm's row: \"autocast cast inputs\" says no, and "
+                     f"its kind is \"{FP32}\", not \"{FP32_AUTOCAST}\" as the loss's ops "
                      "after their bf16 -> fp32 cast. What fed it fp32?",
                 "c": "Look at addmm's row: its output is bf16, and the next op gets it as "
                      "bf16. Autocast casts inputs, never results. What was layer_norm "
-                     "given?"}[reason]
+                     "given?",
+                "d": "Look at addmm: its weight is an fp32 parameter too, yet it ran in bf16 "
+                     "after autocast cast the weight. Weights do not decide; what was "
+                     "layer_norm given?"}[reason]
     return None
 
 
@@ -226,7 +239,9 @@ EXERCISES = {e.id: e for e in in_order([
         prompt="One iteration of the course's fp16 loop is five calls, named here:\n\n"
                + "\n".join(f"- `{k}`: `{v}`" for k, v in CALLS.items())
                + "\n\nPut the five names in the order they run, as a list. Your order is run "
-               "with torch: if torch refuses it, you see torch's own error.",
+               "with torch for 3 iterations: if torch refuses it, you see torch's own error; "
+               "if it runs, the weights are compared bit for bit with the right order's "
+               "(`zero_grad` has more than one right place: any that trains the same passes).",
         comment="the five calls of one iteration, in order",
         body=f"answer = {SHUFFLED_4_2!r}  # reorder this list",
         key=f"answer = {list(RIGHT_4_2[0])!r}  # zero_grad may also come first",
@@ -246,8 +261,8 @@ EXERCISES = {e.id: e for e in in_order([
                f"it is given (a `torch.amp.GradScaler`):\n\n{python_block(FP32_STEP)}\n\n"
                "Write the new `train_step(model, optimizer, scaler, x, y)`; it need return "
                "nothing. Autocast on the device the tensors are on (`x.device.type`: \"cpu\" "
-               "here). It is run for 3 steps on a small model on the CPU and compared with "
-               "the course's loop, weights bit for bit.",
+               "here). It is run for 3 steps on a small model on the CPU and compared, weights "
+               "bit for bit, with a reference fp16 step.",
         comment="the fp16 version of train_step (autocast + the given scaler)",
         body="def train_step(model, optimizer, scaler, x, y):\n"
              "    return ...  # the fp16 version",
@@ -290,10 +305,11 @@ EXERCISES = {e.id: e for e in in_order([
         id="4.1", title="Read the trace",
         prompt="Read the lesson model's bf16 trace above (`t`). Name one op that autocast "
                "**forced** to fp32, by its name in the trace (an `aten::` name), and say "
-               "why `native_layer_norm` ran in fp32 too. Each row of `t.summary()` and of "
-               "`t.table()` gives an op's input and output dtypes, its kind, and whether "
-               "autocast cast its inputs before it ran (the column `autocast cast inputs`); "
-               "`t.table(phase=\"forward\")` lists the ops in the order they ran:\n\n"
+               "why `native_layer_norm` ran in fp32 too. Each row of `t.summary()` gives an "
+               "op's input and output dtypes, its kind, and whether autocast cast its inputs "
+               "before it ran (the column `autocast cast inputs`); `t.by_layer()` shows each "
+               "module's ops in the order they ran (a tag's tooltip gives its dtypes). "
+               "Which of these is true of `native_layer_norm`?\n\n"
                f"{choice_list(REASONS_4_1)}\n\n"
                "Answer with a dict: `{\"forced\": the op's name, \"layer_norm\": the "
                "reason's letter}`.",
@@ -303,11 +319,12 @@ EXERCISES = {e.id: e for e in in_order([
             "          \"layer_norm\": \"b\"}  # its input came from a promoting add",
         check=_check_4_1,
         hints=(
-            "The trace's summary has a `kind` column: \"fp32 (autocast)\" marks ops autocast "
-            "upcast (their `autocast cast inputs` says yes); plain \"fp32\" ones just got "
+            f"The trace's summary has a `kind` column: \"{FP32_AUTOCAST}\" marks ops autocast "
+            f"upcast (their `autocast cast inputs` says yes); \"{FP32}\" ones just got "
             "fp32 inputs.",
             "t.fp32_ops lists the forced ones. For layer_norm, look at the op right before it "
-            "in t.table(phase=\"forward\"): what are its input dtypes and its kind?",
+            "in t.by_layer() (or t.table(phase=\"forward\")): what did it produce, and from "
+            "what?",
             "The loss (cross-entropy) is forced to fp32; layer_norm follows a residual add of "
             "a bf16 and an fp32 tensor.",
         )),
