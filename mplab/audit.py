@@ -200,7 +200,9 @@ class Audit:
             data["autocast"] = {**data["autocast"], "dtype": dtype}
         return cls(**data)
 
-    def table(self) -> Table:
+    def table(self, verdict: bool = True) -> Table:
+        """The audit's findings, one row each, under a title holding the verdict;
+        `verdict=False`: the rows alone (what was read and observed, for a reader to judge)."""
         rows = [("asked for", self.asked or "-"),
                 ("autocast", _autocast_text(self.autocast)),
                 ("matmuls ran in (observed)", dtype_name(self.compute_dtype) or "not observed"),
@@ -210,7 +212,7 @@ class Audit:
                 ("optimizer states", _breakdown(self.optimizer_state_dtypes) or "none yet"),
                 ("GradScaler", _scaler_text(self.scaler))]
         return Table([{"what": k, "found": v} for k, v in rows],
-                     title=f"mixed precision audit: {self.verdict}")
+                     title="mixed precision audit" + (f": {self.verdict}" if verdict else ""))
 
     def __str__(self) -> str:
         lines = [str(self.table())]

@@ -7,8 +7,11 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # these tests never reach for the hub
 
+import re  # noqa: E402
 import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
 
+import nbformat  # noqa: E402
 import torch  # noqa: E402
 from conftest import failed_saying, run_cell  # noqa: E402
 
@@ -16,6 +19,7 @@ from mplab.audit import Observer, audit  # noqa: E402
 from mplab.exercises import lesson5 as ex  # noqa: E402
 from mplab.lessons import lesson_batch  # noqa: E402
 from mplab.models import lesson_model  # noqa: E402
+from mplab.train import compare  # noqa: E402
 from mplab.train.accelerate_path import fresh_accelerate  # noqa: E402
 
 IDS = list(ex.EXERCISES)
@@ -234,7 +238,7 @@ def test_5_3_feedback_for_the_likely_mistakes():
     failed_saying(ex.check("5.3", {"mixed": False, "fallbacks": ["a", "c", "d"]}),
                   "asked for")
     failed_saying(ex.check("5.3", {"mixed": False, "fallbacks": ["c"]}),
-                  "names 2 silent fallbacks; you listed 1")
+                  "names 2 silent fallbacks here; you listed 1", hiding=["SILENT FALLBACK"])
     assert ex.check("5.3", {"mixed": "no", "fallbacks": []}).status == "failed"
     assert "Not letters" in ex.check("5.3", {"mixed": False, "fallbacks": ["z"]}).message
     assert ex.check("5.3", {"mixed": False, "fallbacks": 3}).status == "failed"
@@ -321,3 +325,77 @@ def test_5_4_feedback_points_at_the_first_call_placed_wrong():
     result = ex.check("5.4", dict(ex.WHERE_5_4, step="accelerator.step"))
     assert result.status == "failed" and "not one of the Accelerate calls" in result.message
     assert ex.check("5.4", {"autocast": "forward"}).status == "failed"
+
+
+# --- what the page shows above each exercise --------------------------------------------------
+
+NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "05_accelerate.ipynb"
+
+
+def above(xid: str, kind: str) -> list[str]:
+    """The sources of the `kind` cells above exercise `xid`'s task cell."""
+    nb = nbformat.read(NOTEBOOK, 4)
+    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("mplab", {}).get("exercise")
+              == xid)
+    return [c.source for c in nb.cells[:at - 1] if c.cell_type == kind]
+
+
+def test_an_audit_table_without_its_verdict_keeps_the_facts_and_draws_no_conclusion():
+    for report in (ex.colleague_audit(), ex.fp16_on_cpu_audit()):
+        facts = str(report.table(verdict=False))
+        assert report.verdict not in facts and "SILENT" not in facts
+        assert not any(f.text in facts or f.text[:30] in facts for f in report.fallbacks)
+        assert [r["what"] for r in report.table(verdict=False)] == [
+            r["what"] for r in report.table()]  # the same rows
+        assert report.verdict in report.table().title  # the default keeps it
+    assert "bfloat16" in str(ex.colleague_audit().table(verdict=False))  # the weights row
+    assert "float32" in str(ex.fp16_on_cpu_audit().table(verdict=False))  # the matmuls row
+
+
+def test_above_5_2_no_cell_says_that_fp16_was_ignored():
+    text = "\n".join(above("5.2", "markdown")).lower()
+    assert "ignore" not in text and "fp32 run under another name" not in text
+    code = above("5.2", "code")
+    # every run audit above is shown as its facts only (the full audit names the fallback)
+    shown = [m for c in code for m in re.finditer(r"(?<!mplab)\.audit\b(.{0,24})", c)]
+    assert shown and all(m.group(1).startswith(".table(verdict=False)") for m in shown)
+    fp16_run = [c for c in code if 'train(precision="fp16"' in c]
+    assert len(fp16_run) == 1
+    assert 'catch_warnings(action="ignore", category=TrainWarning)' in fp16_run[0]
+    lines = [line.split("#", 1)[0] for c in code for line in c.splitlines()]
+    assert not any(".warnings" in line for line in lines)  # nor the run's record of it
+
+
+def test_the_fp16_runs_fallback_is_said_by_a_trainwarning_alone_and_kept_in_the_record():
+    from mplab.train import TrainWarning, train
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        run = train(path="accelerate", precision="fp16", device="cpu", steps=2, batch_size=4,
+                    eval_samples=8, progress=False)
+    assert any("ignores fp16 on a CPU" in w for w in run.warnings)
+    telling = [w for w in said if "ignores fp16" in str(w.message)]
+    assert telling and all(issubclass(w.category, TrainWarning) for w in telling)
+
+
+def test_above_5_3_the_colleagues_audit_is_shown_without_its_verdict():
+    code = "\n".join(above("5.3", "code"))
+    assert "ex.colleague_audit().table(verdict=False)" in code
+    assert not re.search(r"colleague_audit\(\)(?!\.table\(verdict=False\))", code)
+
+
+def test_above_5_4_no_sentence_pairs_a_scaler_call_with_the_accelerate_call_it_runs_in():
+    clauses = [c for text in above("5.4", "markdown") + above("5.4", "code")
+               for c in re.split(r"[.;:]\s|\n-|\n\n", text)]
+    accelerate = ("accelerator.backward", "clip_grad_norm_", "optimizer.step",
+                  "optimizer's step", "optimizer's `step()`")
+    for clause in clauses:
+        if re.search(r"scal(e|er|es|ed|ing)|unscal", clause):
+            assert not any(a in clause for a in accelerate), clause
+    # the diff shown above is the code alone: the source's comments say where the scaler went
+    calls = [line for c in above("5.4", "code") for line in c.splitlines()
+             if "compare.diff(" in line]
+    assert calls
+    for line in calls:
+        shown = eval(line.strip().removeprefix("print(")[:-1], {"compare": compare})
+        assert not [x for x in shown.splitlines() if "#" in x], line

@@ -99,6 +99,32 @@ def test_6_2_the_answer_is_what_compare_measures_in_the_two_paths():
     assert ex.check("6.2", [" Backward ", *sorted(ex.taken_over() - {"backward"})]).passed
 
 
+def test_6_2_the_diff_above_it_is_code_alone_and_no_text_above_pairs_a_call_with_its_part():
+    from pathlib import Path
+
+    import nbformat
+
+    nb = nbformat.read(Path(__file__).parent.parent / "notebooks" / "06_trainer.ipynb", 4)
+    at = {c.metadata.get("mplab", {}).get("exercise"): i for i, c in enumerate(nb.cells)}
+    cells = nb.cells[:at["6.2"] - 1]
+    calls = [line.strip() for c in cells if c.cell_type == "code" for line in
+             c.source.splitlines() if "compare.diff(" in line]
+    assert calls
+    for call in calls:
+        shown = eval(call.removeprefix("print(")[:-1], {"compare": compare})
+        assert "-    with accelerator.accumulate(model):" in shown  # the loop is there
+        assert not [line for line in shown.splitlines() if "#" in line], call
+    # a step's name in a tag or in brackets after its call is the answer, line by line
+    text = "\n".join(c.source for c in cells)
+    assert "user_code(" not in text and "steps_written" not in text
+    for name in ex.taken_over():
+        assert f"[{name}]" not in text and f"({name})" not in text, name
+    with pytest.raises(ValueError, match="bookkeeping=False"):
+        compare.diff("accelerate", "trainer", tags=False)  # the full source keeps comments
+    tagged = compare.diff("accelerate", "trainer", bookkeeping=False)
+    assert all(f"[{name}]" in tagged for name in ex.taken_over())  # the default: tags kept
+
+
 def test_6_2_feedback_names_what_was_missed_without_the_missing_names():
     everything = list(compare.STEPS)
     failed_saying(ex.check("6.2", everything), "accelerate already does it")

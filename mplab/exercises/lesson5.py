@@ -330,8 +330,9 @@ def _check_5_3(answer) -> str | None:
                "e": "Read the GradScaler row: Accelerate builds one for fp16 only."}
         return f"({wrong[0]}) is not among the silent fallbacks the audit names. {why[wrong[0]]}"
     if given != named:
-        return (f"The audit names {len(named)} silent fallbacks; you listed {len(given)}. Each "
-                "one is a line starting with SILENT FALLBACK under the table.")
+        return (f"The audit names {len(named)} silent fallbacks here; you listed "
+                f"{len(given)}. Each shows in a row of the table: hold every choice against "
+                "the row it is about.")
     return None
 
 
@@ -414,8 +415,8 @@ EXERCISES = {e.id: e for e in [
                "dataloader)`, which trains and returns nothing. The `accelerator` is made for "
                "you (`Accelerator(mixed_precision=...)`), so the precision is not your loop's "
                "business. The check runs your loop on the CPU with a real `Accelerator("
-               "mixed_precision=\"bf16\")` (bf16, as Accelerate ignores fp16 on a CPU: "
-               "section 3), on the lesson model and 3 batches of 8 reviews, and requires three "
+               "mixed_precision=\"bf16\")` (bf16: exercise 5.2 asks what fp16 does on "
+               "a CPU), on the lesson model and 3 batches of 8 reviews, and requires three "
                "things: the model, the optimizer and the dataloader each handed to "
                "`accelerator.prepare` (the prepared dataloader is the one that deals the "
                "batches out to the processes and puts them on the device); every backward "
@@ -432,8 +433,9 @@ EXERCISES = {e.id: e for e in [
             "autocast, the scaler and its calls go; what is left is a plain fp32-looking loop "
             "over objects Accelerate has prepared.",
             "accelerator.prepare(model, optimizer, dataloader) returns the three prepared "
-            "objects; in the loop, the scaler's backward becomes accelerator.backward(loss), and "
-            "the prepared optimizer's step() does what scaler.step and scaler.update did.",
+            "objects; in the loop, the scaler's calls go: the scaled backward becomes "
+            "accelerator.backward(loss), and the prepared optimizer's step() and zero_grad() "
+            "are all that is left of the update.",
             "model, optimizer, dataloader = accelerator.prepare(...); then for each batch: "
             "loss = model(**batch).loss, accelerator.backward(loss), optimizer.step(), "
             "optimizer.zero_grad().",
@@ -442,7 +444,7 @@ EXERCISES = {e.id: e for e in [
         id="5.2", title="Why was fp16 no faster?",
         prompt="On a GPU, `Accelerator(mixed_precision=\"fp16\")` makes training faster. On "
                "a CPU, `train(path=\"accelerate\", precision=\"fp16\")` trained at fp32's speed, "
-               "give or take this machine's noise, to the same losses bit for bit (the table "
+               "give or take this machine's noise, to the same losses bit for bit (the tables "
                "above). Why? Pick the "
                f"reason:\n\n{choice_list(CHOICES_5_2)}\n\nAnswer with its letter. The answer "
                "is checked against `mplab.audit`'s audit of a real "
@@ -454,19 +456,22 @@ EXERCISES = {e.id: e for e in [
         hints=(
             "Before asking why low precision was slow, ask whether it happened: an audit looks "
             "at what really ran, not at what was asked for.",
-            "Read the fp16 run's audit (runs[\"fp16\"].audit): its autocast, \"matmuls ran in\" "
-            "and GradScaler rows, and the SILENT FALLBACK line. Compare its losses with the "
-            "fp32 run's.",
+            "Read the fp16 run's audit table above: its autocast, \"matmuls ran in\" and "
+            "GradScaler rows, and the Accelerator's own attributes (native_amp, scaler). "
+            "Compare its losses with the fp32 run's.",
             "The fp16 run's matmuls ran in float32 and its losses equal the fp32 run's: which "
             "choice says the run never left fp32?",
         )),
     Exercise(
         id="5.3", title="Read an audit",
         prompt="A colleague wrote this Accelerate step \"in mixed precision, at half the "
-               f"memory\":\n\n{python_block(COLLEAGUE_CODE)}\n\nThe cell above prints its audit, "
-               "`audit(model, optimizer, accelerator=accelerator, batch=batch)` "
-               "(`ex.colleague_audit()`). Read it and answer: is this run mixed precision, and "
-               f"which of these silent fallbacks does the audit name?\n\n"
+               f"memory\":\n\n{python_block(COLLEAGUE_CODE)}\n\nThe cell above shows what its "
+               "audit, `audit(model, optimizer, accelerator=accelerator, batch=batch)`, read "
+               "and observed, without the audit's conclusions "
+               "(`ex.colleague_audit().table(verdict=False)`). Judge from those facts: is this "
+               "run mixed precision, and which of these silent fallbacks did it fall into? "
+               "The check compares your answer with the fallbacks the audit names."
+               f"\n\n"
                f"{choice_list({k: v[0] for k, v in FALLBACKS_5_3.items()})}\n\n"
                "Answer with a dict: `{\"mixed\": True or False, \"fallbacks\": a list of the "
                "letters}`.",
@@ -479,9 +484,9 @@ EXERCISES = {e.id: e for e in [
             "Mixed precision is a pair: low-precision arithmetic and fp32 master weights. An "
             "audit says which of the two happened, and names each silent fallback in a line "
             "of its own.",
-            "Read the rows \"matmuls ran in (observed)\", \"weights (master copy)\", "
-            "\"optimizer states\" and \"GradScaler\", then the SILENT FALLBACK lines under the "
-            "table.",
+            "Read the rows \"asked for\", \"autocast\", \"matmuls ran in (observed)\", "
+            "\"weights (master copy)\", \"optimizer states\" and \"GradScaler\": each choice "
+            "is a claim about one of them.",
             "The cast .to(torch.bfloat16) made the weights bf16, and AdamW's states follow the "
             "weights; Accelerate built no scaler for bf16.",
         )),

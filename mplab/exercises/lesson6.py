@@ -408,9 +408,9 @@ EXERCISES = {e.id: e for e in [
             "          \"lr schedule\", \"accumulation\"]  # the whole loop body",
         check=_check_6_2,
         hints=(
-            "A step the Accelerate loop writes is a call in its code: find them in the - "
-            "lines, where each such statement carries its step's tag. The + lines hold no "
-            "loop at all.",
+            "A step the Accelerate loop writes is a call in its code: find each one in the - "
+            "lines and name the part of a training step it does. The + lines hold no loop at "
+            "all.",
             "compare.profile(\"accelerate\").steps_written lists what the Accelerate code "
             "writes; compare.profile(\"trainer\").steps_written what the Trainer path writes.",
             "Everything in the Accelerate loop's body: backward, clipping, the optimizer and "

@@ -87,20 +87,26 @@ def source(path: str) -> str:
     return inspect.getsource(getattr(importlib.import_module(module), name))
 
 
-def diff(old: str, new: str, context: int = 3, *, bookkeeping: bool = True) -> str:
+def diff(old: str, new: str, context: int = 3, *, bookkeeping: bool = True,
+         tags: bool = True) -> str:
     """A unified diff of two paths' functions: what moving from `old` to `new` removes (-)
     and adds (+) in the code that really runs. `bookkeeping=False` diffs only the lines
     counted as each method's code (`user_code`): what a user writes, each statement that
-    writes a step keeping its tags."""
-    a, b = ((source(p) if bookkeeping else user_code(p)).splitlines() for p in (old, new))
+    writes a step keeping its tags, unless `tags=False` (the code alone, for a reader to name
+    the steps)."""
+    if bookkeeping and not tags:
+        raise ValueError("tags=False diffs the code a user writes, without comments: give it "
+                         "with bookkeeping=False (the full source keeps its comments)")
+    a, b = ((source(p) if bookkeeping else user_code(p, tags=tags)).splitlines()
+            for p in (old, new))
     return "\n".join(difflib.unified_diff(a, b, f"{old} path", f"{new} path", n=context,
                                           lineterm=""))
 
 
-def user_code(path: str) -> str:
+def user_code(path: str, *, tags: bool = True) -> str:
     """The lines counted as the method's code (`method_lines`), indented as in the source,
     without their comments; a statement that writes steps ends its first line with their tags
-    (`# [backward]`)."""
+    (`# [backward]`), unless `tags=False`."""
     lines = textwrap.dedent(source(path)).splitlines()
     counted = _counted(path)
     kept, ids = [], {id(s) for s in counted}
@@ -111,7 +117,7 @@ def user_code(path: str) -> str:
             depth += id(parent) in ids
             parent = parent.parent
         own = textwrap.dedent("\n".join(lines[statement.first - 1:statement.last]))
-        steps = " ".join(f"[{step}]" for step in STEPS if step in statement.tags)
+        steps = " ".join(f"[{step}]" for step in STEPS if tags and step in statement.tags)
         for n, line in enumerate(own.splitlines()):
             code = line.split("#", 1)[0].rstrip()
             if code.strip():
