@@ -19,6 +19,7 @@ they reproduce every cause diagnose can name in a training run.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import statistics
 import warnings
@@ -34,6 +35,7 @@ from mplab.diagnosis import CAUSES, Diagnosis
 from mplab.hardware import UNITS, has_units, resolve_device
 from mplab.models import lesson_tokenizer, warm_start
 from mplab.train import NonFiniteLossError, Recorder, TrainResult, TrainWarning, train
+from mplab.train.result import OWN_LOOP
 
 
 class CannotReproduce(ValueError):
@@ -60,8 +62,7 @@ def lab_model(seed: int = 0) -> torch.nn.Module:
 
 def lab_batches(steps: int, batch_size: int = BATCH, device="cpu") -> Iterator[dict]:
     """`steps` shuffled batches of the shipped training reviews (seeded, epochs repeat)."""
-    reviews = load_dataset("sentiment", "train")
-    encoded = encode(lesson_tokenizer(), reviews.texts, reviews.labels)
+    encoded = _encoded_reviews()
     done, epoch = 0, 0
     while done < steps:
         for batch in batches(encoded, batch_size, seed=epoch, device=device):
@@ -70,6 +71,14 @@ def lab_batches(steps: int, batch_size: int = BATCH, device="cpu") -> Iterator[d
             done += 1
             yield batch
         epoch += 1
+
+
+@functools.cache
+def _encoded_reviews() -> dict[str, torch.Tensor]:
+    """The training reviews tokenized once: lesson 7 runs the lab some twenty times, and each
+    tokenizing of the 4000 reviews took 0.3-0.6 s (batches index these, never change them)."""
+    reviews = load_dataset("sentiment", "train")
+    return encode(lesson_tokenizer(), reviews.texts, reviews.labels)
 
 
 class Fp32Island(torch.nn.Module):
@@ -158,13 +167,14 @@ def no_scaler(fix=None, steps=30, device="auto") -> TrainResult:
         return rec.finish()
 
 
-def clip_before_unscale(fix=None, steps=30, device="auto") -> TrainResult:
-    """Gradient clipping on the scaled gradients: the norm is the scale (65536) times too big."""
+def clip_before_unscale(fix=None, steps=30, device="auto", init_scale=2.0**16) -> TrainResult:
+    """Gradient clipping on the scaled gradients: the norm is the scale (65536 by default)
+    times too big."""
     device = resolve_device(device)
     model = lab_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     autocast = _autocast("fp16", device)
-    scaler = torch.amp.GradScaler(device.type)
+    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale)
     with Recorder(model, optimizer, scaler=scaler, autocast=autocast, max_grad_norm=1.0) as rec:
         for batch in lab_batches(steps, device=device):
             with autocast:
@@ -510,12 +520,27 @@ class Failure:
         if fix is not None and fix not in self.fixes:
             raise ValueError(f"{self.name} has no fix {fix!r}; accepted: "
                              f"{', '.join(map(repr, self.fixes))} or None (the broken run)")
-        return self.runner(fix=fix, **settings)
+        try:
+            result = self.runner(fix=fix, **settings)
+        except NonFiniteLossError as err:  # a run that stopped is still the lab's run
+            _label(err.result, self.name, fix)
+            raise
+        return _label(result, self.name, fix)
 
     def fixed_in(self, diagnosis: Diagnosis) -> bool:
         """Is the failure gone from a run's diagnosis? The only test that counts: diagnose no
         longer names its cause (other findings, such as the CPU's, may stay)."""
         return self.name not in diagnosis
+
+
+def _label(result: TrainResult, name: str, fix: str | None) -> TrainResult:
+    """Name the run by what it is (diagnose's header reads it): the lab's failure and fix,
+    and mplab.train's path where the run went through one rather than a loop of its own."""
+    label = f"lab run {name}" + (f" with fix {fix}" if fix else "")
+    if result.path != OWN_LOOP:
+        label += f" (mplab.train, {result.path} path)"
+    result.config["label"] = label
+    return result
 
 
 FAILURES = {f.name: f for f in [

@@ -120,6 +120,11 @@ def test_the_training_speed_explanation_names_the_units_and_the_matrix_size(monk
     if not machine.units("bf16"):
         none = bench.explain_training_speed(speeds(0.1))
         assert "10× slower" in none and "no bf16 arithmetic units" in none
+        # near fp32's speed it is no "1× slower"; the reason is said once, not per size
+        two = bench.explain_training_speed(Table(speeds(0.8).rows + speeds(0.7, 256).rows[1:]))
+        assert "bf16 ran at 0.80× fp32's speed:" in two and "× slower" not in two
+        assert "hidden 256, 2 layers: bf16 ran at 0.70× fp32's speed." in two
+        assert two.count("no bf16 arithmetic units") == 1
         return
     small = bench.explain_training_speed(speeds(0.8, device=machine.device))
     assert "0.80× fp32's speed" in small and "too small (128 wide)" in small

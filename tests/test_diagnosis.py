@@ -189,6 +189,22 @@ def test_the_lab_rejects_unknown_failures_and_fixes():
         lab.run("no_scaler", fix="kahan")
 
 
+def test_a_diagnosis_names_the_run_by_its_label_else_its_path():
+    """diagnose's header says what a run was: the lab names its failure and fix (and the
+    mplab.train path it went through, if any); a Recorder's run is "own loop" unless labelled,
+    and its model is named by its class unless named."""
+    assert diagnose(lab_run("no_scaler", "scaler")).run.startswith(
+        "lab run no_scaler with fix scaler / fp16")
+    trained = diagnose(lab_run("fp16_ignored")).run
+    assert trained.startswith("lab run fp16_ignored (mplab.train, accelerate path) / fp16")
+    model = lab.lab_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    plain = Recorder(model, opt).finish()
+    assert diagnose(plain).run.startswith(f"own loop / fp32 on cpu, {type(model).__name__}")
+    mine = Recorder(model, opt, name="tiny bert", label="my sweep, run 3").finish()
+    assert diagnose(mine).run.startswith("my sweep, run 3 / fp32 on cpu, tiny bert")
+
+
 def test_every_failure_is_a_named_cause_with_its_code():
     for name, failure in lab.FAILURES.items():
         assert name in CAUSES

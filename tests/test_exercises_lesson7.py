@@ -46,8 +46,10 @@ def test_7_4_the_loops_it_shows_are_the_lab_code_that_made_the_records():
     assert code["A"].count("torch.optim.AdamW(") == 2 and "lr=10 * LR" in code["A"]
     assert "growth_interval=10" in code["A"] and "`GradScaler(growth_interval=10)`" in loops["A"]
     assert "two AdamW" in loops["A"] and f"lr {10 * lab.LR:g}" in loops["A"]
-    assert "GradScaler(device.type)" in code["B"] and "max_norm=1.0" in code["B"]
-    assert "max_norm=1.0" in loops["B"] and "65536" in loops["B"]
+    assert "GradScaler(device.type, init_scale=init_scale)" in code["B"]
+    assert "max_norm=1.0" in code["B"] and "max_norm=1.0" in loops["B"]
+    # B's scale is not the clipping demo's 65536, and the loop says the one it ran with
+    assert "`GradScaler(init_scale=2**12)`" in loops["B"] and "4096" in loops["B"]
     assert "* 2**-16" in code["C"] and "2**-16" in loops["C"]
     # the loops say nothing of their cause, and the counts say what they count
     for loop in loops.values():
@@ -57,6 +59,7 @@ def test_7_4_the_loops_it_shows_are_the_lab_code_that_made_the_records():
     assert "the one `scaler.step` makes itself" in prompt
     runs = ex._mystery_runs()
     assert {len(r.losses) for r in runs.values()} == {int(ex._STEPS_7_4)}
+    assert runs["B"].config["init_scale"] == 4096 and runs["B"].scales[0] == 4096
     assert f"{ex._STEPS_7_4} iterations" in prompt
 
 

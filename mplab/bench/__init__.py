@@ -8,11 +8,12 @@
     bench.record_table(record)            # its rows as the CLI prints them
     bench.bench_plot(record)              # speed-up against model size, and memory
     bench.compare_with_reference(record, bench.reference_results())
+    bench.step_costs(model, batch)        # lesson 7: one step per precision, side by side
 
-`speed` holds the lessons' tables; `sweep` the CLI's measurements (`BenchRow`s), `peaks` the
-FLOPs and datasheet peaks behind utilisation, `why` the words, `record` one run as the record
-the CLI prints and `--json` writes, `reference` other machines' records beside it, `plot` the
-figure.
+`speed` holds the lessons' tables; `steps` one step's cost per precision, side by side;
+`sweep` the CLI's measurements (`BenchRow`s), `peaks` the FLOPs and datasheet peaks behind
+utilisation, `why` the words, `record` one run as the record the CLI prints and `--json`
+writes, `reference` other machines' records beside it, `plot` the figure.
 """
 
 from mplab.hardware import (
@@ -26,7 +27,7 @@ from mplab.hardware import (
 )
 
 from .peaks import DATASHEET_TFLOPS, datasheet_gpu, datasheet_peak, mfu, training_flops
-from .record import lesson_bench, record_table, run_plan
+from .record import lesson_bench, machine_name, record_table, run_plan
 from .reference import (
     REFERENCE_DIR,
     compare_with_reference,
@@ -42,6 +43,7 @@ from .speed import (
     matmul_speed,
     training_speed,
 )
+from .steps import explain_step_costs, step_costs
 from .sweep import BenchRow, Plan, matmul_sweep, model_sweep
 from .why import crossover, explain_row, targets
 
@@ -52,7 +54,7 @@ __all__ = ["MatmulTiming", "time_matmul", "matmul_speed", "explain_matmul_speed"
            "training_flops", "UNITS", "cpu_features", "describe", "has_units",
            "resolve_device", "lesson_bench", "run_plan", "REFERENCE_DIR", "reference_results",
            "reference_filename", "compare_with_reference", "explain_reference", "bench_plot",
-           "record_table"]
+           "record_table", "machine_name", "step_costs", "explain_step_costs"]
 
 
 def __getattr__(name: str):

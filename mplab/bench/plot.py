@@ -8,6 +8,8 @@ from matplotlib.ticker import NullLocator
 
 from mplab.plots import FORMAT_COLORS, new_figure
 
+from .record import machine_name
+
 #: One marker (and size) per precision, so that two precisions with equal memory both show.
 _MARKERS = {"fp32": ("o", 6), "tf32": ("D", 6), "bf16": ("s", 8), "fp16": ("^", 5)}
 _PAYS = "above the line: it pays"
@@ -27,7 +29,7 @@ def bench_plot(rows, *, pyplot: bool = False) -> Figure:
         if "rows" not in rows:
             raise ValueError("bench_plot takes a bench record (a dict with 'rows', as "
                              "lesson_bench() returns and --json writes) or its rows")
-        title, rows = rows.get("device", ""), rows["rows"]
+        title, rows = machine_name(rows.get("device", "")), rows["rows"]
     models = [r if isinstance(r, dict) else r.as_dict() for r in rows]
     models = [r for r in models if r.get("kind") == "model"]
     if not models:

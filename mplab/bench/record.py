@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import math
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -139,6 +140,19 @@ def finite(value):
     return value
 
 
+# What mplab.hardware.describe() says of a CPU's units, at the end of its line.
+_UNITS_SAID = re.compile(r"; bf16 units: \w+, fp16 units: \w+\)$")
+
+
+def machine_name(device="auto") -> str:
+    """The device as `mplab.hardware.describe` names it, without what it says of the CPU's
+    low-precision units ("cpu: AMD EPYC (2 threads)"): lesson 7 asks a learner to find those
+    (`hardware.cpu_features()`), so its bench's header does not print them. A bench record's
+    "device" may be given instead of a device."""
+    said = describe(device) if device in ("auto", "cpu", "cuda") else str(device)
+    return _UNITS_SAID.sub(")", said)
+
+
 def record_table(record: dict) -> Table:
     """A record's rows as the CLI prints them: throughput, speed-up, peak memory, MFU and
     the loss against fp32, one row per workload and precision."""
@@ -151,4 +165,4 @@ def record_table(record: dict) -> Table:
                    "peak memory": f"{r['peak_memory_bytes'] / 2**20:.1f} MiB",
                    "MFU": number(r["mfu"], ".0%"),
                    "loss vs fp32": number(r["loss_change"], "+.2%")} for r in record["rows"]],
-                 title=f"mixed precision on {record['device']}")
+                 title=f"mixed precision on {machine_name(record['device'])}")

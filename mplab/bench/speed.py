@@ -127,16 +127,19 @@ def explain_training_speed(table: Table, matmul_n: int = 1024) -> str:
     speed_key = next(k for k in rows[0] if k.startswith("speed vs "))
     base = speed_key.removeprefix("speed vs ")
     device = rows[0]["device"]
-    lines, bare = [], {}
+    lines, bare, reasoned = [], {}, set()
     for r in rows:
         p = r["precision"]
         if p == base:
             continue
         s, model = r[speed_key], f"hidden {r['hidden']}, {r['layers']} layers"
         if device == "cpu" and not has_units(p):
-            lines.append(f"{model}: {p} ran {1 / s:.0f}× slower than {base}: "
-                         f"{no_units_reason(p)}, so every {p} matmul is converted to {base} "
-                         "and back; no model size can win that back.")
+            ran = f"{1 / s:.0f}× slower than {base}" if s < 0.5 else f"at {s:.2f}× {base}'s speed"
+            # the reason once per precision: it is the same at every size
+            why = ("" if p in reasoned else f": {no_units_reason(p)}, so every {p} matmul is "
+                   f"converted to {base} and back; no model size can win that back")
+            reasoned.add(p)
+            lines.append(f"{model}: {p} ran {ran}{why}.")
             continue
         if p not in bare:
             bare[p] = (time_matmul(matmul_n, base, device, budget_s=0.2).seconds

@@ -70,6 +70,9 @@ class Plan:
     # these sizes the run would take minutes, so they are skipped (and the output says so).
     slow_matmul_limit: int = 1024
     slow_model_sizes: int = 1
+    # fp32 at a size where no other precision is timed: a row with no speed-up to show. The
+    # CLI keeps it (a bigger fp32 matmul is a better peak for MFU); the lesson leaves it out.
+    fp32_alone: bool = True
     name: str = "custom"                          # the preset's: full, quick, lesson or tiny
     skipped: list[str] = field(default_factory=list, compare=False)
 
@@ -112,8 +115,11 @@ class Plan:
             # 3 steps: one warm-up, two timed. A precision without units here (fp16 on this
             # EPYC, bf16 on an AVX2-only CPU) runs only where it is cheap: the 255² and 256²
             # matmuls (2 repeats) and the lesson model; the output says what it skipped.
+            # fp32 then runs only beside them: alone at the larger sizes it shows no speed-up
+            # and took 3 of the lesson's 8 s of bench.
             return cls("cpu", precisions, (255, 256, 512), lesson_sizes, 3, 32,
-                       matmul_budget_s=0.1, slow_matmul_limit=256, name="lesson")
+                       matmul_budget_s=0.1, slow_matmul_limit=256, fp32_alone=False,
+                       name="lesson")
         if quick:
             return cls("cpu", precisions, (255, 256, 1024), lesson_sizes, 4, 32,
                        matmul_budget_s=0.2, slow_matmul_limit=256, name="quick")
@@ -152,11 +158,17 @@ def matmul_sweep(plan: Plan, progress=None) -> list[BenchRow]:
     rows = []
     for n in plan.matmul_sizes:
         base = None
+        slow = [p for p in plan.precisions
+                if not runs_fast(p, plan.device) and n > plan.slow_matmul_limit]
         for precision in plan.precisions:
-            if not runs_fast(precision, plan.device) and n > plan.slow_matmul_limit:
+            if precision in slow:
                 plan.skipped.append(f"matmul {n}² in {precision}: skipped (no {precision} units "
                                     "here: it runs tens of times slower than fp32, so it is "
                                     f"timed up to {plan.slow_matmul_limit}² only)")
+                continue
+            if _alone(plan, precision, slow):
+                plan.skipped.append(f"matmul {n}² in fp32: not timed (no other precision "
+                                    "is timed at this size to compare it with)")
                 continue
             fast = runs_fast(precision, plan.device)
             if plan.device == "cuda":
@@ -180,6 +192,12 @@ def matmul_sweep(plan: Plan, progress=None) -> list[BenchRow]:
             if progress:
                 progress(rows[-1])
     return rows
+
+
+def _alone(plan: Plan, precision: str, slow: list[str]) -> bool:
+    """fp32 at a size where every other precision is skipped, in a plan that leaves it out."""
+    return (precision == "fp32" and not plan.fp32_alone and bool(slow)
+            and all(p in slow for p in plan.precisions if p != "fp32"))
 
 
 def best_gflops(rows: list[BenchRow]) -> dict[str, float]:
@@ -231,10 +249,16 @@ def _sweep_sizes(plan, sizes, batches, reference, progress) -> list[BenchRow]:
     rows = []
     for i, ((hidden, layers), batch) in enumerate(zip(sizes, batches)):
         base = None
+        slow = [p for p in plan.precisions
+                if not runs_fast(p, plan.device) and i >= plan.slow_model_sizes]
         for precision in plan.precisions:
-            if not runs_fast(precision, plan.device) and i >= plan.slow_model_sizes:
+            if precision in slow:
                 plan.skipped.append(f"hidden {hidden}/{layers} layers in {precision}: skipped "
                                     f"(no {precision} units here; measured at the smallest size)")
+                continue
+            if _alone(plan, precision, slow):
+                plan.skipped.append(f"hidden {hidden}/{layers} layers in fp32: not timed (no "
+                                    "other precision is timed at this size to compare it with)")
                 continue
             row, run = train_row(plan, hidden, layers, precision, batch, reference or {})
             if base is None:
@@ -326,9 +350,9 @@ def cpu_peak(precision: str, reference: dict[str, float]) -> tuple[float | None,
     gflops = reference.get(against)
     if not gflops:
         return None, f"no {against} matmul measured here: no MFU"
-    said = "" if units else f" (no {precision} units here: fp32 is this CPU's peak)"
-    return gflops * 1e9, (f"best {against} matmul measured here, one thread "
-                          f"({gflops:.0f} GFLOP/s){said}")
+    said = "" if units else f"; no {precision} units here: fp32 is this CPU's peak"
+    return gflops * 1e9, (f"best {against} matmul measured here, one thread, "
+                          f"{gflops:.0f} GFLOP/s{said}")
 
 
 class CpuMemoryProbe:

@@ -45,7 +45,16 @@ def explain_row(row: BenchRow, rows: list[BenchRow], device: str) -> str:
         parts.append(_why_memory(row, rows))
         if row.loss_change is not None:
             parts.append(f"loss {row.loss_change:+.2%} against fp32 (same seed, same batches)")
+    if row.kind == "model":
+        parts.append(_mfu_note(row))
     return "; ".join(x for x in parts if x)
+
+
+def _mfu_note(row: BenchRow) -> str:
+    """What the row's MFU was measured against (the table shows only the share)."""
+    if row.mfu is None:
+        return row.mfu_reference or ""
+    return f"MFU {row.mfu:.0%} of the {row.mfu_reference}" if row.mfu_reference else ""
 
 
 def _why_matmul(row: BenchRow, rows: list[BenchRow], device: str) -> list[str]:

@@ -28,7 +28,10 @@ def diagnose_run(result: TrainResult) -> Diagnosis:
     done = f"{steps} step{'s' * (steps != 1)}"
     if result.stop_reason:  # the step that stopped it recorded no loss
         done = f"stopped at step {steps + 1}" + (f" after {done}" if steps else "")
-    run = f"{result.path} / {result.precision} on {result.device}, {result.model}, {done}"
+    # what the run is: its label (a lab run's failure, a Recorder's label=), else its path
+    # (mplab.train's torch/accelerate/trainer, or "own loop" for a Recorder's)
+    label = result.config.get("label") or result.path
+    run = f"{label} / {result.precision} on {result.device}, {result.model}, {done}"
     return Diagnosis(run, findings)
 
 

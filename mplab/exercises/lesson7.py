@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 
 import torch
 
@@ -29,7 +30,7 @@ from mplab.exercises import (
     python_block,
     same_tensors,
 )
-from mplab.hardware import has_units
+from mplab.hardware import UNITS, has_units
 
 # --- 7.1 why bf16 loses at the lesson size ----------------------------------------------------
 
@@ -48,10 +49,9 @@ def right_7_1() -> str:
 
 
 _LOOK_AT_THE_MACHINE = (
-    "Look at this machine first: the benchmark's header (mplab.hardware.describe(), the "
-    "table's caption) says whether the CPU has bf16 units. With them, bf16 gets faster as the "
-    "matrices grow (the larger models' rows); without them, no size helps, and the bench "
-    "times bf16 at the smallest size only.")
+    "Look at this machine first: hardware.cpu_features() says which low-precision flags the "
+    "CPU reports, and hardware.UNITS[\"bf16\"] which of them are bf16 units. With them, bf16 "
+    "gets faster as the matrices grow (the larger models' rows); without them, no size helps.")
 _check_7_1 = multiple_choice(CHOICES_7_1, right_7_1, {
     "a": _LOOK_AT_THE_MACHINE, "b": _LOOK_AT_THE_MACHINE,
     "c": "bf16 has fp32's exponent range: it needs no GradScaler, and the lesson's bf16 rows "
@@ -63,6 +63,9 @@ _check_7_1 = multiple_choice(CHOICES_7_1, right_7_1, {
 # --- 7.4 read the records ---------------------------------------------------------------------
 
 MYSTERY = {"A": "extra_update", "B": "clip_before_unscale", "C": "no_scaler"}
+#: Settings a mystery run differs by from the lab's run of the same name: B's scale is not the
+#: 65536 of the lesson's clipping demo, so its norm is read against its own scale, not matched.
+MYSTERY_SETTINGS = {"B": {"init_scale": 2.0**12}}
 
 _TORCH_SCALER = torch.amp.GradScaler("cpu")  # torch's defaults, to say them as they are
 #: The loop behind each mystery run, as the lab's code has it (tests compare the two), with
@@ -72,7 +75,9 @@ MYSTERY_LOOPS = {
          f"the rest of the model at lr {lab.LR:g}, both stepped through one "
          "`GradScaler(growth_interval=10)` (its scale doubles after 10 updates in a row without "
          f"an inf, instead of torch's {_TORCH_SCALER.get_growth_interval()})",
-    "B": f"one AdamW at lr {lab.LR:g}, a default `GradScaler()` (its scale starts at "
+    "B": f"one AdamW at lr {lab.LR:g}, a `GradScaler(init_scale="
+         f"2**{math.log2(MYSTERY_SETTINGS['B']['init_scale']):.0f})` (its scale starts at "
+         f"{MYSTERY_SETTINGS['B']['init_scale']:.0f} instead of torch's "
          f"{_TORCH_SCALER.get_scale():.0f}), and `torch.nn.utils.clip_grad_norm_("
          "model.parameters(), max_norm=1.0)` in every iteration",
     "C": f"one AdamW at lr {lab.LR:g}, the loss multiplied by 2**-16 before `backward()` (the "
@@ -82,13 +87,9 @@ _STEPS_7_4 = "/".join(sorted({str(inspect.signature(lab.FAILURES[name].runner)
                                   .parameters["steps"].default) for name in MYSTERY.values()}))
 
 
-_STEPS_7_4 = "/".join(sorted({str(inspect.signature(lab.FAILURES[name].runner)
-                                  .parameters["steps"].default) for name in MYSTERY.values()}))
-
-
 @functools.cache
 def _mystery_runs() -> dict:
-    return {key: lab.run(name) for key, name in MYSTERY.items()}
+    return {key: lab.run(name, **MYSTERY_SETTINGS.get(key, {})) for key, name in MYSTERY.items()}
 
 
 def mystery_records() -> Table:
@@ -297,8 +298,11 @@ EXERCISES = {e.id: e for e in in_order([
         id="7.1", title="Why bf16 loses at the lesson size",
         prompt="On a CPU, bf16 often trains the lesson model (hidden 128, 2 layers) no "
                "faster than fp32, or slower (your table above shows what it did here). On "
-               "this machine's CPU, what makes bf16 lose at that size? The check compares "
-               "your answer with what this machine has (its CPU's units).\n\n"
+               "this machine's CPU, what makes bf16 lose at that size? The first cell names "
+               "the CPU, not its units: look them up yourself, with `hardware.cpu_features()` "
+               "(the low-precision flags this CPU reports) and `hardware.UNITS` (the flags "
+               "that give each precision arithmetic units), in the answer cell or a cell of "
+               "your own. The check compares your answer with what this machine has.\n\n"
                + choice_list(CHOICES_7_1),
         comment="why bf16 does not pay at the lesson size here",
         body="answer = ...  # \"a\", \"b\", \"c\" or \"d\"",
@@ -306,10 +310,11 @@ EXERCISES = {e.id: e for e in in_order([
         check=_check_7_1,
         hints=(
             "Two things can make bf16 slow on a CPU: hardware that cannot do it, and work too "
-            "small to repay the conversions. The benchmark's header tells them apart.",
-            "mplab.hardware.describe() (the first cell's output, the table's caption) names "
-            "the CPU's bf16 units. Where it has them, the bench times bf16 at the larger sizes "
-            "too, and those rows show what bf16 does once the matrices are bigger.",
+            "small to repay the conversions. The CPU's flags tell them apart.",
+            "hardware.cpu_features() lists the CPU's low-precision flags; bf16 units are "
+            + " or ".join(UNITS["bf16"]) + " (hardware.UNITS[\"bf16\"]). Where the CPU has "
+            "one, the bench times bf16 at the larger sizes too, and those rows show what bf16 "
+            "does once the matrices are bigger.",
             "With bf16 units present, the size is to blame; without them, the hardware.",
         )),
     Exercise(
@@ -342,8 +347,8 @@ EXERCISES = {e.id: e for e in in_order([
             "A healthy fp16 run unscales and steps each optimizer once and updates the scale "
             "once per iteration, after the last optimizer stepped; it clips norms of order 1, "
             "has a scaler, and few zero gradients.",
-            "Two update() per iteration; a norm near the scale (65536); no scaler and 99 % "
-            "zeros.",
+            "Two update() per iteration; a norm near the run's own scale; no scaler and "
+            "mostly zeros.",
         )),
     Exercise(
         id="7.5", title="Accumulate with a scaler",

@@ -34,11 +34,13 @@ _SCALER_SETTINGS = ("init_scale", "growth_factor", "backoff_factor", "growth_int
 class Recorder:
     """Record a loop of your own. `precision` ("fp32", "bf16", "fp16"): what you meant to
     train in; by default read off `autocast` (fp32 without one). `name`: how the record
-    calls the model. Usable as a context manager, which removes the hooks at the end."""
+    calls the model (by default its class, e.g. "BertForSequenceClassification"); `label`:
+    what the run is, which diagnose's header names it by (by default "own loop"). Usable as
+    a context manager, which removes the hooks at the end."""
 
     def __init__(self, model: torch.nn.Module, optimizer, *, scaler=None, autocast=None,
                  precision: str | None = None, max_grad_norm: float | None = None,
-                 name: str = "own loop"):
+                 name: str | None = None, label: str | None = None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"Recorder watches a torch.nn.Module, got {type(model).__name__}")
         inner = inner_optimizer(optimizer)
@@ -59,8 +61,11 @@ class Recorder:
                   "scaler": type(scaler).__module__.split(".")[0] if scaler is not None else None}
         if scaler is not None and scaler.is_enabled():
             config |= {k: _setting(scaler, k) for k in _SCALER_SETTINGS}
+        if label is not None:
+            config["label"] = str(label)
         self.result = TrainResult(
-            path=OWN_LOOP, precision=precision, device=str(device), model=name,
+            path=OWN_LOOP, precision=precision, device=str(device),
+            model=type(model).__name__ if name is None else str(name),
             parameters=sum(p.numel() for p in model.parameters()), device_name=device_name(device),
             config=config, has_units=has_units(precision) if device.type == "cpu" else None)
         self._stepped = StepCounter(inner)
