@@ -390,7 +390,7 @@ EXERCISES = {e.id: e for e in [
             "the tracker 1; the inf halves to 1024 and resets ... keep going.",
         )),
     Exercise(
-        id="3.3", title="Find the bug: clipping before unscaling",
+        id="3.3", title="Find the bug in a clipped fp16 step",
         prompt="Gradient clipping and loss scaling are easy to combine wrongly. This training "
                "step clips the gradient norm, but something is wrong:\n\n"
                f"{python_block(BUGGY_3_3)}\n\n"
