@@ -98,7 +98,7 @@ def test_the_figure_draws_from_the_record_and_from_json_rows(record, mine, tmp_p
         assert not overlapping_labels(fig)
         assert "speed-up" in speed.get_ylabel() and "memory" in memory.get_ylabel()
     assert fig.get_suptitle() == ""  # rows alone carry no device; a record does
-    assert bench.bench_plot(mine).get_suptitle() == mine["device"]
+    assert bench.bench_plot(mine).get_suptitle() == bench.machine_name(mine["device"])
     with pytest.raises(ValueError, match="model rows"):
         bench.bench_plot([r for r in rows if r["kind"] == "matmul"])
 

@@ -161,7 +161,7 @@ def test_the_scaler_calls_are_counted_per_iteration():
 
 @pytest.mark.slow
 def test_pure_bf16_and_its_fixes_side_by_side():
-    table = lab.compare_bf16_fixes(steps=20)  # lesson 7 runs 80; 20 already part them
+    table = lab.compare_bf16_fixes(steps=20)  # lesson 7 runs 40; 20 already part them
     rows = {r["fix"]: r for r in table.rows}
     assert rows["fp32_master"]["distance from fp32 master"] == 0
     assert rows["fp32_master"]["weights unchanged per step"] == 0
