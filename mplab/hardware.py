@@ -108,13 +108,16 @@ def _flags_of(override: str) -> tuple[str, ...]:
     return flags
 
 
-def describe(device: str = "auto") -> str:
-    """One line naming the device, e.g. 'cpu: Intel(R) Xeon(R) ... (2 threads; bf16 units: yes)'."""
+def describe(device: str = "auto", units: bool = True) -> str:
+    """One line naming the device, e.g. 'cpu: Intel(R) Xeon(R) ... (2 threads; bf16 units: yes,
+    fp16 units: no)'; `units=False` leaves out what it says of a CPU's units."""
     dev = resolve_device(device)
     if dev.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(dev)}"
     model = next((line.partition(":")[2].strip() for line in _cpuinfo_lines()
                   if line.startswith("model name")), platform.processor() or platform.machine())
+    if not units:
+        return f"cpu: {model} ({torch.get_num_threads()} threads)"
     yes_no = {True: "yes", False: "no"}
     return (f"cpu: {model} ({torch.get_num_threads()} threads; bf16 units: "
             f"{yes_no[has_units('bf16')]}, fp16 units: {yes_no[has_units('fp16')]})")

@@ -77,6 +77,7 @@ def test_the_machine_name_leaves_the_units_to_the_learner():
     said, name = hardware.describe("cpu"), bench.machine_name("cpu")
     assert "bf16 units:" in said and "units" not in name
     assert said.startswith(name.removesuffix(")"))
+    assert bench.machine_name(said) == name  # a record's stored line reads the same
     assert bench.record_table({"device": said, "rows": []}).title.endswith(name)
 
 

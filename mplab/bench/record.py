@@ -140,7 +140,7 @@ def finite(value):
     return value
 
 
-# What mplab.hardware.describe() says of a CPU's units, at the end of its line.
+# What describe() says of a CPU's units, at the end of the line a bench record stores.
 _UNITS_SAID = re.compile(r"; bf16 units: \w+, fp16 units: \w+\)$")
 
 
@@ -148,9 +148,10 @@ def machine_name(device="auto") -> str:
     """The device as `mplab.hardware.describe` names it, without what it says of the CPU's
     low-precision units ("cpu: AMD EPYC (2 threads)"): lesson 7 asks a learner to find those
     (`hardware.cpu_features()`), so its bench's header does not print them. A bench record's
-    "device" may be given instead of a device."""
-    said = describe(device) if device in ("auto", "cpu", "cuda") else str(device)
-    return _UNITS_SAID.sub(")", said)
+    "device" (describe()'s whole line, as it was written) may be given instead of a device."""
+    if device in ("auto", "cpu", "cuda"):
+        return describe(device, units=False)
+    return _UNITS_SAID.sub(")", str(device))
 
 
 def record_table(record: dict) -> Table:
