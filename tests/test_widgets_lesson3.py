@@ -53,6 +53,7 @@ def test_settings_restart_the_run_with_the_new_values():
     plot = stepper.plot.value
     stepper.growth_interval.value = 1
     assert stepper.scaler.history == [] and "After 0 iterations" in stepper.status.value
+    assert "<tr>" not in stepper.table.value and "No iteration yet" in stepper.table.value
     stepper.growth_factor.value = 1.5
     stepper.backoff_factor.value = 0.25
     stepper.init_scale.value = 4

@@ -324,7 +324,8 @@ EXERCISES = {e.id: e for e in [
         prompt="Write the dynamic loss scaling rule as a function, exactly as torch's own "
                "kernel (`torch._amp_update_scale_`, which `GradScaler.update()` calls) computes "
                "it. `update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, "
-               "growth_interval)` is given the scale (a float), the growth tracker (an int: "
+               "growth_interval)` is given the scale (a float that fp32 holds exactly, as a "
+               "scaler's scale always is), the growth tracker (an int: "
                "clean iterations in a row so far) and whether this iteration's gradients held "
                "an inf or NaN (a bool). It returns the pair `(new_scale, new_tracker)`: a "
                "float (what `scaler.get_scale()` would then give) and an int. The rule:\n\n"
@@ -421,7 +422,10 @@ EXERCISES = {e.id: e for e in [
         id="3.4", title="Why bf16 needs no scaler",
         prompt="bf16 autocast is used without a GradScaler. Why does it need none? Pick the "
                f"reason:\n\n{choice_list(CHOICES_3_4)}\n\n"
-               "Answer with its letter.",
+               "The facts are lesson 1's: `from mplab import explain`, then "
+               "`explain.format_table([\"fp16\", \"bf16\", \"fp32\"])` prints each format's "
+               "exponent and mantissa bits, largest value and smallest normal and subnormal "
+               "values. Answer with its letter.",
         comment="\"a\", \"b\", \"c\" or \"d\"",
         body="answer = ...",
         key="answer = \"b\"  # 8 exponent bits, like fp32: nothing to rescue",
@@ -440,9 +444,12 @@ EXERCISES = {e.id: e for e in [
                "(`torch._amp_foreach_non_finite_check_and_unscale_`): "
                "`unscale_and_check(grads, inv_scale)` multiplies every "
                "gradient tensor in the list `grads` by `inv_scale` (a 0-dim fp32 tensor) in "
-               "place, and returns `True` if any value was inf or NaN, else `False`. It is "
-               "compared with torch's own kernel, bit for bit; the grader adds bf16 "
-               "gradients, empty lists and huge finite values.",
+               "place, and returns `True` if any value was inf or NaN, else `False`. The check "
+               "looks at the values as they are handed in, before the multiplication (a "
+               "finite value that the multiplication makes inf does not count), and the "
+               "multiplication is each tensor's own `mul_`, so the result keeps the "
+               "gradient's dtype. It is compared with torch's own kernel, bit for bit; the "
+               "grader adds bf16 gradients, empty lists and huge finite values.",
         comment="multiply each grad by inv_scale in place; True if any inf or NaN",
         body="def unscale_and_check(grads, inv_scale):\n"
              "    return ...  # True or False",

@@ -155,6 +155,11 @@ def _log2_exact(init_scale) -> int:
 
 
 def _table_html(records: list[dict]) -> str:
+    if not records:  # a stepper not yet clicked (and its static view) says what will appear
+        return ('<div style="font-size:12px;color:#555">No iteration yet: <b>next step</b> '
+                "runs a clean one, <b>inject inf</b> one whose gradients overflow. Each is "
+                "listed here: the scale it used, whether an inf/NaN was found, whether the "
+                "optimizer stepped, the new scale and the tracker.</div>")
     head = ["iteration", "scale used", "inf/NaN found", "step", "new scale", "tracker"]
     th = "".join(f'<th style="padding:1px 10px;text-align:left">{h}</th>' for h in head)
     rows = []
