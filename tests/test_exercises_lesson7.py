@@ -58,9 +58,9 @@ def test_7_4_the_loops_it_shows_are_the_lab_code_that_made_the_records():
     assert all(loop in prompt for loop in loops.values())
     assert "the one `scaler.step` makes itself" in prompt
     runs = ex._mystery_runs()
-    assert {len(r.losses) for r in runs.values()} == {int(ex._STEPS_7_4)}
+    assert {len(r.losses) for r in runs.values()} == {ex.MYSTERY_STEPS}
     assert runs["B"].config["init_scale"] == 4096 and runs["B"].scales[0] == 4096
-    assert f"{ex._STEPS_7_4} iterations" in prompt
+    assert f"{ex.MYSTERY_STEPS} iterations" in prompt
 
 
 def _buggy():
