@@ -96,18 +96,22 @@ def failed_saying(result, *words, hiding=()):
     return result.message
 
 
+#: The shared run's length: 400 steps (about 3 epochs) reach 0.86 accuracy, 300 only 0.78.
+COURSE_STEPS = 400
+
+
 @pytest.fixture(scope="session")
 def course_run():
-    """The lesson model trained 600 fp32 steps through mplab.train with the course's exact
+    """The lesson model trained 400 fp32 steps through mplab.train with the course's exact
     call, `model(input_ids, labels=labels)` (no mask) on length-grouped batches: the one long
-    run the suite shares (about 25 s on 2 cores). (result, trained model)."""
+    run the suite shares (about 17 s on 2 cores). (result, trained model)."""
     from mplab import models
     from mplab.train import train
 
     model = models.lesson_model(seed=0)
-    result = train(model=model, steps=600, attention_mask=False, by_length=True,
+    result = train(model=model, steps=COURSE_STEPS, attention_mask=False, by_length=True,
                    progress=False, device="cpu")
-    print(f"\n600 fp32 steps, no attention mask: {result.train_seconds:.1f} s training "
+    print(f"\n{COURSE_STEPS} fp32 steps, no attention mask: {result.train_seconds:.1f} s training "
           f"({result.seconds:.1f} s in all), accuracy {result.eval_accuracy:.3f}")
     return result, model
 

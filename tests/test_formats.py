@@ -78,7 +78,7 @@ def ties(fmt: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("fmt", LOW)
 def test_to_bits_of_random_fp32_matches_torch(fmt):
-    values = torch.cat([random_fp32(50_000, seed=1), ties(fmt)])
+    values = torch.cat([random_fp32(10_000, seed=1), ties(fmt)])  # every tie: the hard cases
     expected = torch_bits(values, fmt)
     mismatches = [(v, F.to_bits(v, fmt), want) for v, want in zip(values.tolist(), expected)
                   if F.to_bits(v, fmt) != want]

@@ -12,6 +12,7 @@ import warnings  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from conftest import COURSE_STEPS  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 
 from mplab import models  # noqa: E402
@@ -47,14 +48,15 @@ def env() -> dict:
 @pytest.mark.slow
 def test_the_course_call_without_attention_mask_learns_the_data_to_80_percent(course_run):
     """model(input_ids, labels=labels), no mask: length-grouped batches hold almost no padding,
-    so the model barely sees [PAD] and learns as with the mask (0.93 vs 0.97 measured)."""
+    so the model barely sees [PAD] and learns as with the mask (0.86 at 400 steps measured)."""
     result, _ = course_run
     assert result.compute_dtype == torch.float32
-    assert len(result.losses) == 600 and result.scales == [] and result.skipped_steps == []
+    assert len(result.losses) == COURSE_STEPS
+    assert result.scales == [] and result.skipped_steps == []
     first, last = result.losses[:50], result.losses[-50:]
     assert sum(last) / 50 < 0.5 * sum(first) / 50
     assert result.eval_accuracy >= 0.80
-    assert result.eval_history[-1] == (600, result.eval_accuracy)
+    assert result.eval_history[-1] == (COURSE_STEPS, result.eval_accuracy)
 
 
 # ---- precisions and scalers -------------------------------------------------------------------

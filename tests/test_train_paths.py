@@ -286,15 +286,6 @@ def test_runs_of_different_precisions_follow_each_other_in_one_process():
 
 # ---- several processes ----------------------------------------------------------------------
 
-def launched(command: list[str], out) -> dict:
-    run = launch(command + ["--device", "cpu", "--steps", "4", "--batch-size", "4",
-                            "--eval-samples", "40", "--no-progress", "--json", str(out)],
-                 env=env(), cwd=ROOT, timeout=120)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("mplab.train:") == 1  # only rank 0 prints
-    return json.loads(out.read_text())
-
-
 @pytest.mark.slow  # about 5 s: accelerate's launcher, and a module that prints one line
 def test_accelerate_launch_cpu_with_two_processes_starts_one():
     """accelerate 1.15 on a CPU: --cpu --num_processes 2 starts a single process (multi-CPU
@@ -308,14 +299,3 @@ def test_accelerate_launch_cpu_with_two_processes_starts_one():
     assert len(done.stdout.strip().splitlines()) == 1  # one process printed its platform
 
 
-@pytest.mark.slow  # about 12 s: two processes import torch, transformers and datasets
-def test_torchrun_runs_the_trainer_with_two_processes_like_one(tmp_path):
-    two = launched([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc_per_node", "2", "-m", "mplab.train", "--path", "trainer",
-                    "--accumulation-steps", "2"], tmp_path / "two.json")
-    single = quiet_train(path="trainer", steps=4, accumulation_steps=2,
-                         **TINY | {"eval_samples": 40})
-    assert two["world_size"] == 2 and two["global_batch_size"] == 16
-    assert two["path"] == "trainer" and two["compute_dtype"] == "float32"
-    assert two["losses"] == pytest.approx(single.losses, rel=1e-4)  # the mean, not 2x
-    assert two["eval_accuracy"] == single.eval_accuracy  # each review once, gathered
