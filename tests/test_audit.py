@@ -203,7 +203,7 @@ def test_a_checkpoint_saved_in_bf16_loads_bf16_weights_unless_mplab_keeps_fp32(m
 def test_minilm_is_a_model_name_for_training_and_trains_in_bf16_with_accelerate():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TrainWarning)
-        result = train(model="minilm", path="accelerate", precision="bf16", steps=2,
+        result = train(model="minilm", path="accelerate", precision="bf16", steps=1,
                        batch_size=8, eval_samples=0, progress=False, device="cpu")
     assert result.model == "minilm" and result.parameters > 22_000_000
     assert result.compute_dtype == torch.bfloat16 and result.param_dtype == torch.float32
