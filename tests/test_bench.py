@@ -132,3 +132,23 @@ def test_the_training_speed_explanation_names_the_units_and_the_matrix_size(monk
     assert ("tensor cores" if machine.device == "cuda" else "avx512_bf16") in small
     big = bench.explain_training_speed(speeds(1.9, hidden=512, device=machine.device))
     assert "1.9× faster" in big and "big enough" in big
+
+
+def test_size_effect_speaks_of_size_only_where_the_table_timed_more_than_one(machine):
+    sizes = ({"hidden_size": 64, "num_hidden_layers": 1}, {"hidden_size": 128,
+                                                          "num_hidden_layers": 1})
+    speeds = bench.training_speed(sizes, device="auto", steps=2, batch_size=2)
+    words = bench.size_effect(speeds)
+    bf16 = [r for r in speeds if r["precision"] == "bf16"]
+    assert words.startswith(f"bf16 ran at {bf16[0]['speed vs fp32']:.2f}× fp32's speed at "
+                            "hidden 64, 1 layers")
+    if machine.device == "cpu" and not machine.cpu_bf16:
+        assert len(bf16) == 1
+        assert "this CPU has no bf16 arithmetic units" in words and "cannot show here" in words
+    else:
+        assert len(bf16) == 2 and "cannot show" not in words
+        assert f"then {bf16[1]['speed vs fp32']:.2f}× fp32's speed at hidden 128" in words
+        first, last = bf16[0]["speed vs fp32"], bf16[1]["speed vs fp32"]
+        assert ("gained with size" in words) == (last > 1.1 * first)
+    with pytest.raises(ValueError, match="bench.training_speed"):
+        bench.size_effect(speeds.__class__([{"precision": "bf16"}]))

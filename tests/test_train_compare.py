@@ -1,8 +1,9 @@
-"""mplab.train.compare: the three ways to train measured from the code that really runs."""
+"""mplab.train.compare: the three ways to train measured from the code that really runs; and
+loss_overlaps, which says where two runs' loss curves lie on top of each other."""
 
 import pytest
 
-from mplab.train import compare
+from mplab.train import TrainResult, compare, loss_overlaps
 
 
 def test_the_torch_path_writes_every_step_of_the_amp_loop_itself():
@@ -163,3 +164,29 @@ def test_record_only_statements_are_found_by_what_reads_them(monkeypatch):
     assert compare.method_lines("torch") == [
         "kept = 0", "for batch in batches:", "loss = model(batch)", "loss.backward()",
         "norm = clip(model)", "kept += 1", "optimizer.step(kept)"]
+
+
+# ---- loss curves that lie on top of each other ----------------------------------------------
+
+def _run(precision, losses):
+    return TrainResult(path="torch", precision=precision, device="cpu", model="lesson",
+                       losses=list(losses))
+
+
+def test_loss_overlaps_says_which_curves_lie_on_top_of_each_other_from_versus():
+    runs = {"fp32": _run("fp32", [0.7, 0.5, 0.3, 0.2]), "bf16": _run("bf16", [0.7, 0.5002, 0.3]),
+            "fp16": _run("fp16", [0.7, 0.5002, 0.3]), "far": _run("fp16", [0.7, 0.6, 0.5])}
+    lines = loss_overlaps(runs).splitlines()
+    assert len(lines) == 6  # every pair
+    v = runs["bf16"].versus(runs["fp32"])
+    assert lines[0] == (f"fp32 and bf16: largest gap {v['largest_gap']:.4f}, at step "
+                        f"{v['gap_step']} of the 3 both trained, under 1% of the 0.500 the "
+                        "losses span: the curves lie on top of each other")
+    assert lines[3] == ("bf16 and fp16: the same losses bit for bit over the 3 steps both "
+                        "trained, drawn as one line")
+    far = runs["far"].versus(runs["fp32"])
+    assert lines[2].startswith(f"fp32 and far: largest gap {far['largest_gap']:.4f}, at step 3")
+    assert lines[2].endswith(f"{far['largest_gap'] / 0.5:.0%} of the 0.500 the losses span: "
+                             "the curves part there")
+    with pytest.raises(ValueError, match="label -> TrainResult, got list"):
+        loss_overlaps([runs["fp32"]])

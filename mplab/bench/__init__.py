@@ -41,6 +41,7 @@ from .speed import (
     explain_matmul_speed,
     explain_training_speed,
     matmul_speed,
+    size_effect,
     training_speed,
 )
 from .steps import explain_step_costs, step_costs
@@ -54,7 +55,7 @@ __all__ = ["MatmulTiming", "time_matmul", "matmul_speed", "explain_matmul_speed"
            "training_flops", "UNITS", "cpu_features", "describe", "has_units",
            "resolve_device", "lesson_bench", "run_plan", "REFERENCE_DIR", "reference_results",
            "reference_filename", "compare_with_reference", "explain_reference", "bench_plot",
-           "record_table", "machine_name", "step_costs", "explain_step_costs"]
+           "record_table", "machine_name", "step_costs", "explain_step_costs", "size_effect"]
 
 
 def __getattr__(name: str):

@@ -162,6 +162,36 @@ def explain_training_speed(table: Table, matmul_n: int = 1024) -> str:
     return "\n".join(lines)
 
 
+def size_effect(speeds: Table) -> str:
+    """What a `bench.training_speed` table shows about model size: per low precision, its speed
+    against the baseline at each size timed, or, where it was timed at one size only (no units
+    for it on this CPU), why the size effect cannot show here."""
+    rows = list(speeds)
+    key = next((k for k in (rows[0] if rows else {}) if k.startswith("speed vs ")), None)
+    if key is None:
+        raise ValueError("size_effect takes the table bench.training_speed returns")
+    base, device = key.removeprefix("speed vs "), rows[0]["device"]
+    sizes = list(dict.fromkeys((r["hidden"], r["layers"]) for r in rows))
+    lines = []
+    for p in dict.fromkeys(r["precision"] for r in rows if r["precision"] != base):
+        timed = {(r["hidden"], r["layers"]): r[key] for r in rows if r["precision"] == p}
+        ran = ", then ".join(f"{s:.2f}× {base}'s speed at hidden {h}, {n} layers"
+                             for (h, n), s in timed.items())
+        if len(timed) < len(sizes):
+            why = (f": {no_units_reason(p)}, so every {p} matmul is converted to {base} and "
+                   "back" if device == "cpu" and p in UNITS and not has_units(p) else "")
+            lines.append(f"{p} ran at {ran} and was timed at no other size{why}. Whether bigger "
+                         f"matrices let faster {p} multiplies win cannot show here; where there "
+                         f"are {p} units (a GPU, or a CPU with them) the table times every size.")
+        elif len(timed) > 1:
+            first, last = list(timed.values())[0], list(timed.values())[-1]
+            trend = ("it gained with size: bigger matrices give the faster multiplies more of "
+                     "each step" if last > 1.1 * first else "it lost ground with size"
+                     if last < first / 1.1 else "size made no clear difference here")
+            lines.append(f"{p} ran at {ran}; {trend}.")
+    return "\n".join(lines)
+
+
 def _present(precision: str) -> str:
     feats = cpu_features()
     return ", ".join(f for f in UNITS[precision] if feats[f])

@@ -32,10 +32,10 @@ from dataclasses import fields
 from .common import NonFiniteLossError, TrainWarning
 from .config import PATHS, PRECISIONS, TrainConfig
 from .recorder import Recorder
-from .result import TrainResult
+from .result import TrainResult, loss_overlaps
 
 __all__ = ["train", "TrainConfig", "TrainResult", "Recorder", "NonFiniteLossError", "TrainWarning",
-           "PATHS", "PRECISIONS"]
+           "PATHS", "PRECISIONS", "loss_overlaps"]
 
 
 def train(config: TrainConfig | None = None, *, model=None, tokenizer=None, on_step=None,

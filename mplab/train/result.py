@@ -210,3 +210,32 @@ def _from_json_safe(value):
     if isinstance(value, list):
         return [_from_json_safe(v) for v in value]
     return value
+
+
+def loss_overlaps(runs: dict[str, TrainResult], share: float = 0.01) -> str:
+    """A line per pair of runs (label -> TrainResult): their largest loss gap at any step both
+    trained (`TrainResult.versus`), and whether it is under `share` of the range the plot spans,
+    i.e. whether one curve is drawn over the other, so a reader knows both are there."""
+    if not isinstance(runs, dict) or not runs or not all(isinstance(r, TrainResult)
+                                                         for r in runs.values()):
+        raise ValueError("loss_overlaps takes a dict of label -> TrainResult, got "
+                         f"{type(runs).__name__}")
+    losses = [x for r in runs.values() for x in r.losses if math.isfinite(x)]
+    span = max(losses) - min(losses) if losses else 0.0
+    labels, lines = list(runs), []
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            v = runs[a].versus(runs[b])
+            gap, steps = v["largest_gap"], min(len(runs[a].losses), len(runs[b].losses))
+            if not math.isfinite(gap):
+                continue
+            if gap == 0:
+                lines.append(f"{a} and {b}: the same losses bit for bit over the {steps} steps "
+                             "both trained, drawn as one line")
+                continue
+            where = (f"under {share:.0%} of the {span:.3f} the losses span: the curves lie on "
+                     "top of each other" if gap < share * span else f"{gap / span:.0%} of the "
+                     f"{span:.3f} the losses span: the curves part there")
+            lines.append(f"{a} and {b}: largest gap {gap:.4f}, at step {v['gap_step']} of the "
+                         f"{steps} both trained, {where}")
+    return "\n".join(lines)

@@ -6,8 +6,7 @@
 
 Each press runs :func:`mplab.train.train` (the plain PyTorch path unless another `path` is
 picked), plots the loss as it goes and adds the run's figures to a table, so runs in different
-paths and precisions sit side by side. `loss_overlaps` and `size_effect` put into words what
-the lesson's loss curves and speed table measured.
+paths and precisions sit side by side.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import torch
 
 from mplab import plots
 from mplab._display import Table
-from mplab.hardware import UNITS, has_units, no_units_reason
 from mplab.train import (
     PATHS,
     PRECISIONS,
@@ -33,7 +31,7 @@ from mplab.train import (
 )
 from mplab.widgets._common import StaticView, guarded, png
 
-__all__ = ["training_panel", "TrainingPanel", "loss_overlaps", "size_effect"]
+__all__ = ["training_panel", "TrainingPanel"]
 
 _REDRAWS = 12  # live plot updates per run: a redraw costs ~0.1 s, a lesson step ~0.03 s
 
@@ -213,62 +211,3 @@ def training_panel(steps: int = 60, precision: str = "bf16", device: str = "auto
     of them) to start with, a lesson's own, so the first view already compares something;
     `settings` go to mplab.train.train (e.g. batch_size=16, eval_samples=200)."""
     return TrainingPanel(steps, precision, device, path, runs=runs, **settings)
-
-
-def loss_overlaps(runs: dict[str, TrainResult], share: float = 0.01) -> str:
-    """A line per pair of runs (label -> TrainResult): their largest loss gap at any step both
-    trained (`TrainResult.versus`), and whether it is under `share` of the range the plot spans,
-    i.e. whether one curve is drawn over the other, so a reader knows both are there."""
-    if not isinstance(runs, dict) or not runs or not all(isinstance(r, TrainResult)
-                                                         for r in runs.values()):
-        raise ValueError("loss_overlaps takes a dict of label -> TrainResult, got "
-                         f"{type(runs).__name__}")
-    losses = [x for r in runs.values() for x in r.losses if math.isfinite(x)]
-    span = max(losses) - min(losses) if losses else 0.0
-    labels, lines = list(runs), []
-    for i, a in enumerate(labels):
-        for b in labels[i + 1:]:
-            v = runs[a].versus(runs[b])
-            gap, steps = v["largest_gap"], min(len(runs[a].losses), len(runs[b].losses))
-            if not math.isfinite(gap):
-                continue
-            if gap == 0:
-                lines.append(f"{a} and {b}: the same losses bit for bit over the {steps} steps "
-                             "both trained, drawn as one line")
-                continue
-            where = (f"under {share:.0%} of the {span:.3f} the losses span: the curves lie on "
-                     "top of each other" if gap < share * span else f"{gap / span:.0%} of the "
-                     f"{span:.3f} the losses span: the curves part there")
-            lines.append(f"{a} and {b}: largest gap {gap:.4f}, at step {v['gap_step']} of the "
-                         f"{steps} both trained, {where}")
-    return "\n".join(lines)
-
-
-def size_effect(speeds: Table) -> str:
-    """What a `bench.training_speed` table shows about model size: per low precision, its speed
-    against the baseline at each size timed, or, where it was timed at one size only (no units
-    for it on this CPU), why the size effect cannot show here."""
-    rows = list(speeds)
-    key = next((k for k in (rows[0] if rows else {}) if k.startswith("speed vs ")), None)
-    if key is None:
-        raise ValueError("size_effect takes the table bench.training_speed returns")
-    base, device = key.removeprefix("speed vs "), rows[0]["device"]
-    sizes = list(dict.fromkeys((r["hidden"], r["layers"]) for r in rows))
-    lines = []
-    for p in dict.fromkeys(r["precision"] for r in rows if r["precision"] != base):
-        timed = {(r["hidden"], r["layers"]): r[key] for r in rows if r["precision"] == p}
-        ran = ", then ".join(f"{s:.2f}× {base}'s speed at hidden {h}, {n} layers"
-                             for (h, n), s in timed.items())
-        if len(timed) < len(sizes):
-            why = (f": {no_units_reason(p)}, so every {p} matmul is converted to {base} and "
-                   "back" if device == "cpu" and p in UNITS and not has_units(p) else "")
-            lines.append(f"{p} ran at {ran} and was timed at no other size{why}. Whether bigger "
-                         f"matrices let faster {p} multiplies win cannot show here; where there "
-                         f"are {p} units (a GPU, or a CPU with them) the table times every size.")
-        elif len(timed) > 1:
-            first, last = list(timed.values())[0], list(timed.values())[-1]
-            trend = ("it gained with size: bigger matrices give the faster multiplies more of "
-                     "each step" if last > 1.1 * first else "it lost ground with size"
-                     if last < first / 1.1 else "size made no clear difference here")
-            lines.append(f"{p} ran at {ran}; {trend}.")
-    return "\n".join(lines)
