@@ -4,7 +4,8 @@
     python benchmarks/bench_suite.py -m "not browser" # any pytest arguments
 
 Runs `python -m pytest` once (with a JUnit report) and prints the seconds per test file, the
-slowest tests, and the total against the 12 minutes the suite may take on 2 AVX2 cores.
+slowest tests, and the wall time against the 12 minutes the suite may take on 2 AVX2 cores
+(the suite runs on two workers, so the tests' seconds add up to more than the wall time).
 The suite passes or fails as it would; this script's exit status is pytest's.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
@@ -27,8 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
+        started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                f"--junitxml={report}", *argv], cwd=ROOT)
+        wall = time.perf_counter() - started
         cases = ET.parse(report).getroot().iter("testcase")
         times = [(c.get("classname", ""), c.get("name", ""), float(c.get("time", 0)))
                  for c in cases]
@@ -45,9 +49,9 @@ def main(argv: list[str]) -> int:
     slowest = sorted(times, key=lambda t: -t[2])[:15]
     print(Table([{"test": f"{c.split('.')[-1]}::{n}", "seconds": round(t, 1)}
                  for c, n, t in slowest], title="the slowest tests"))
-    verdict = "within" if total <= BUDGET_S else "OVER"
-    print(f"\ntotal {total:.0f} s in the tests ({verdict} the {BUDGET_S // 60} min budget "
-          "on 2 AVX2 cores; collection and start-up come on top)")
+    verdict = "within" if wall <= BUDGET_S else "OVER"
+    print(f"\n{wall:.0f} s from start to end, {verdict} the {BUDGET_S // 60} min budget on 2 AVX2 "
+          f"cores ({total:.0f} s in the tests, summed over the workers)")
     return done.returncode
 
 

@@ -17,9 +17,18 @@ import sys
 import time
 import warnings
 
-import pytest
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers share the cores: one torch thread each, and in the kernels and tools they
+    # start. The lesson models are small: a second thread gains them almost nothing, and
+    # four threads spinning on two cores cost a lot.
+    os.environ["OMP_NUM_THREADS"] = "1"
 
-import mplab.exercises
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import mplab.exercises  # noqa: E402
+
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
 
 
 @functools.cache

@@ -222,7 +222,9 @@ def kernel_client(kernel_id: str, runtime_dir: Path):
     client.load_connection_file()
     client.start_channels()
     try:
-        client.wait_for_ready(timeout=WAIT_S)
+        # Not wait_for_ready: it calls a kernel dead when its heartbeat has not answered within
+        # a second, which a kernel still running cells on a loaded machine often has not.
+        client.kernel_info(reply=True, timeout=WAIT_S)
         yield client
     finally:
         client.stop_channels()
