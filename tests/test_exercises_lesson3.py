@@ -197,3 +197,28 @@ def test_3_5_hidden_cases_are_what_torch_kernel_says():
         copies = [g.clone() for g in grads]
         found = ex.torch_unscale(copies, ex._inv(scale))
         assert found == any(not torch.isfinite(g).all() for g in grads)
+
+
+
+def _through_the_kernel(scale, tracker, found_inf, growth_factor, backoff_factor, interval):
+    s, t = torch.tensor([scale]), torch.tensor([tracker], dtype=torch.int32)
+    torch._amp_update_scale_(s, t, torch.tensor([float(found_inf)]), growth_factor,
+                             backoff_factor, interval)
+    return s.item(), int(t.item())
+
+
+def _unscaled_by_the_kernel(grads, inv_scale):
+    found = torch.zeros(1)
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv_scale.reshape(1))
+    return bool(found.item())
+
+
+def test_3_1_and_3_5_refuse_an_answer_that_calls_the_kernel_it_is_checked_against():
+    """A learner who wraps torch's kernel wrote nothing of the rule: the check says so, and
+    torch's kernels are torch's own again afterwards."""
+    kernels = torch._amp_update_scale_, torch._amp_foreach_non_finite_check_and_unscale_
+    failed_saying(ex.check("3.1", _through_the_kernel), "calls torch._amp_update_scale_",
+                  "write what it does")
+    failed_saying(ex.check("3.5", _unscaled_by_the_kernel),
+                  "calls torch._amp_foreach_non_finite_check_and_unscale_")
+    assert (torch._amp_update_scale_, torch._amp_foreach_non_finite_check_and_unscale_) == kernels

@@ -11,6 +11,7 @@ bit, as mplab's own GradScaler is.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
@@ -18,6 +19,7 @@ import torch
 
 from mplab.exercises import (
     Exercise,
+    Incorrect,
     Lesson,
     as_number,
     call,
@@ -28,6 +30,27 @@ from mplab.exercises import (
 )
 
 # --- 3.1 the update rule ----------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _written_not_called(kernel: str, shown: str):
+    """3.1 and 3.5 ask the learner to write what torch's `kernel` does, and are checked
+    against it: an answer that calls it (directly, or through torch.amp.GradScaler) fails."""
+    original, called = getattr(torch, kernel), []
+
+    def watched(*args, **kwargs):
+        called.append(kernel)
+        return original(*args, **kwargs)
+
+    setattr(torch, kernel, watched)
+    try:
+        yield
+    finally:
+        setattr(torch, kernel, original)
+    if called:
+        raise Incorrect(f"{shown} calls torch.{kernel}, the kernel your function is checked "
+                        "against: the exercise is to write what it does, with your own "
+                        "arithmetic and tensor operations.")
+
 
 
 def torch_update(scale, tracker, found_inf, growth_factor, backoff_factor, growth_interval):
@@ -64,7 +87,8 @@ def _hidden_3_1() -> list[tuple]:
 def _update_matches(fn, cases) -> str | None:
     for case in cases:
         shown = "update_scale" + repr(case)
-        got = call(fn, *case, what=shown)
+        with _written_not_called("_amp_update_scale_", shown):
+            got = call(fn, *case, what=shown)
         if got is None:
             return f"{shown} returned None: is a return statement missing?"
         if not isinstance(got, tuple | list) or len(got) != 2:
@@ -281,7 +305,8 @@ def _unscale_matches(fn, cases) -> str | None:
         shown = (f"unscale_and_check(<{len(grads)} grads: "
                  + ", ".join(f"{g.dtype} {tuple(g.shape)}" for g in grads)
                  + f">, inv_scale of {scale:g})")
-        got = call(fn, mine, _inv(scale), what=shown)
+        with _written_not_called("_amp_foreach_non_finite_check_and_unscale_", shown):
+            got = call(fn, mine, _inv(scale), what=shown)
         want = torch_unscale(ref, _inv(scale))
         if not isinstance(got, bool | torch.Tensor) or (
                 isinstance(got, torch.Tensor) and got.numel() != 1):
@@ -323,7 +348,8 @@ EXERCISES = {e.id: e for e in [
         id="3.1", title="The update rule",
         prompt="Write the dynamic loss scaling rule as a function, exactly as torch's own "
                "kernel (`torch._amp_update_scale_`, which `GradScaler.update()` calls) computes "
-               "it. `update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, "
+               "it, without calling that kernel (an answer that calls it fails). "
+               "`update_scale(scale, tracker, found_inf, growth_factor, backoff_factor, "
                "growth_interval)` is given the scale (a float that fp32 holds exactly, as a "
                "scaler's scale always is), the growth tracker (an int: "
                "clean iterations in a row so far) and whether this iteration's gradients held "
@@ -441,7 +467,8 @@ EXERCISES = {e.id: e for e in [
         id="3.5", title="Unscale and check, exactly", points=2,
         prompt="Write the heart of `unscale_`, the exact inf/NaN check and the in-place "
                "multiplication, which section 3's `unscale_` left to torch's kernel "
-               "(`torch._amp_foreach_non_finite_check_and_unscale_`): "
+               "(`torch._amp_foreach_non_finite_check_and_unscale_`), without calling that "
+               "kernel (an answer that calls it fails): "
                "`unscale_and_check(grads, inv_scale)` multiplies every "
                "gradient tensor in the list `grads` by `inv_scale` (a 0-dim fp32 tensor) in "
                "place, and returns `True` if any value was inf or NaN, else `False`. The check "
