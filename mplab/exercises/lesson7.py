@@ -34,7 +34,8 @@ from mplab.hardware import UNITS, has_units
 # --- 7.1 why bf16 loses at the lesson size ----------------------------------------------------
 
 CHOICES_7_1 = {
-    "a": "This CPU has no bf16 arithmetic units, so every bf16 matmul is emulated.",
+    "a": "This CPU has no bf16 arithmetic units, so every bf16 matmul is converted to fp32 and "
+         "back.",
     "b": "The matrices are too small: converting to bf16 and back costs more than the faster "
          "matmul saves.",
     "c": "bf16 needs a GradScaler, and scaling costs a pass over every gradient.",
@@ -105,8 +106,10 @@ def mystery_records() -> Table:
             "scaler": "yes" if r.scales else "none",
             "scale at the end": r.scales[-1] if r.scales else "-",
             "skipped steps": len(r.skipped_steps),
-            "median gradient norm": (sorted(r.grad_norms)[len(r.grad_norms) // 2]
-                                     if r.grad_norms else "-"),
+            # the norm clip_grad_norm_ returned: of the gradients as they were when clipped
+            "median gradient norm before clipping": (
+                sorted(r.grad_norms)[len(r.grad_norms) // 2] if r.grad_norms
+                else "- (no clipping)"),
             "zero gradient entries": f"{sorted(zeros)[len(zeros) // 2]:.1%}" if zeros else "-",
             "unscale_ / step / update per iteration": (
                 f"{calls['unscale_']} / {calls['step']} / {calls['update']}" if calls else "-"),
@@ -296,10 +299,10 @@ _check_7_2 = multiple_choice(CHOICES_7_2, "b", WHY_NOT_7_2)
 
 EXERCISES = {e.id: e for e in in_order([
     Exercise(
-        id="7.1", title="Why bf16 loses at the lesson size",
+        id="7.1", title="What makes bf16 lose on this machine",
         prompt="On a CPU, bf16 often trains the lesson model (hidden 128, 2 layers) no "
                "faster than fp32, or slower (your table above shows what it did here). On "
-               "this machine's CPU, what makes bf16 lose at that size? The first cell names "
+               "this machine's CPU, what makes bf16 lose there? The first cell names "
                "the CPU, not its units: look them up yourself, with `hardware.cpu_features()` "
                "(the low-precision flags this CPU reports) and `hardware.UNITS` (the flags "
                "that give each precision arithmetic units), in the answer cell or a cell of "
@@ -389,7 +392,8 @@ EXERCISES = {e.id: e for e in in_order([
         prompt="Write `round_stochastic(x, generator)`: round the fp32 tensor `x` to bf16 "
                "*stochastically*, to the bf16 number just above with a probability equal to "
                "x's distance from the one just below divided by the gap between them (so the "
-               "mean of many roundings is x), drawing random numbers only from `generator` "
+               "mean of many roundings is x; for a negative x too, \"above\" is toward +inf), "
+               "drawing random numbers only from `generator` "
                "(a `torch.Generator`). Return the bf16 tensor. A bf16 number is the top 16 "
                "bits of an fp32 one (sign, 8 exponent bits, 7 mantissa bits; lesson 1), so "
                "the fp32 bits of x below those 16 say where x lies between its two bf16 "

@@ -245,8 +245,10 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
 def non_finite_message(step: int, loss: float, precision: str, lr: float,
                        losses: list[float]) -> str:
     """Why a loss became inf/NaN, most likely first, for the step it happened at."""
+    before = (f" The {len(losses)} step{'s' if len(losses) != 1 else ''} before "
+              f"{'were' if len(losses) != 1 else 'was'} finite." if losses else "")
     head = (f"step {step}: the loss is {loss}, so training stopped (every later step would be "
-            f"{loss} too). The {len(losses)} steps before were finite.")
+            f"{loss} too).{before}")
     causes = []
     if not losses:
         causes.append("the very first loss is not finite, before any update: look at the "
