@@ -102,7 +102,8 @@ def _non_finite(r: TrainResult) -> list[Finding]:
     step = bad[0] if bad else len(r.losses) + 1
     evidence = [f"step {step}: the loss is not finite"
                 + (f" (and {len(bad) - 1} more steps after)" if len(bad) > 1 else "")
-                + (f"; the {step - 1} steps before were finite" if step > 1
+                + ("; the step before was finite" if step == 2
+                   else f"; the {step - 1} steps before were finite" if step > 2
                    else ": the very first loss, before any update")]
     fp16 = r.precision == "fp16" and r.compute_dtype in (None, torch.float16)
     if not fp16:
