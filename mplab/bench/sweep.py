@@ -351,8 +351,8 @@ def cpu_peak(precision: str, reference: dict[str, float]) -> tuple[float | None,
     if not gflops:
         return None, f"no {against} matmul measured here: no MFU"
     said = "" if units else f"; no {precision} units here: fp32 is this CPU's peak"
-    return gflops * 1e9, (f"best {against} matmul measured here, one thread, "
-                          f"{gflops:.0f} GFLOP/s{said}")
+    return gflops * 1e9, (f"the fastest {against} matmul run measured here (one thread; the "
+                          f"table's rows give each size's median), {gflops:.0f} GFLOP/s{said}")
 
 
 class CpuMemoryProbe:
