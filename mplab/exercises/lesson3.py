@@ -52,7 +52,6 @@ def _written_not_called(kernel: str, shown: str):
                         "arithmetic and tensor operations.")
 
 
-
 def torch_update(scale, tracker, found_inf, growth_factor, backoff_factor, growth_interval):
     """What torch's own kernel makes of one update: (new scale, new tracker)."""
     s = torch.tensor([scale], dtype=torch.float32)
