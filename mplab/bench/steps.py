@@ -17,11 +17,12 @@ import time
 import torch
 
 from mplab._display import Table
+from mplab.formats import dtype_of
 from mplab.hardware import has_units, no_units_reason, resolve_device, synchronize
+from mplab.train import PRECISIONS
 
 from .why import BEATS
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FORWARD_BACKWARD = "forward and backward (ms)"
 SCALER_PASS = "GradScaler unscale_ and update (ms)"
 
@@ -35,10 +36,10 @@ def step_costs(model: torch.nn.Module, batch: dict, precisions=("fp32", "bf16", 
     left as they were (no optimizer step); its gradients are cleared."""
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ValueError(f"repeats must be a whole number >= 1, got {repeats!r}")
-    unknown = [p for p in precisions if p not in _DTYPES]
+    unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown or not precisions:
         raise ValueError(f"unknown precision {unknown[0] if unknown else precisions!r}; "
-                         f"accepted: {', '.join(map(repr, _DTYPES))}")
+                         f"accepted: {', '.join(map(repr, PRECISIONS))}")
     dev = resolve_device(device)
     model = model.to(dev)
     batch = {k: v.to(dev) for k, v in batch.items()}
@@ -55,7 +56,7 @@ def step_costs(model: torch.nn.Module, batch: dict, precisions=("fp32", "bf16", 
 
 
 def _costs(model, batch, precision: str, dev: torch.device, repeats: int) -> dict:
-    autocast = torch.autocast(dev.type, dtype=_DTYPES[precision], enabled=precision != "fp32")
+    autocast = torch.autocast(dev.type, dtype=dtype_of(precision), enabled=precision != "fp32")
     scaler = torch.amp.GradScaler(dev.type) if precision == "fp16" else None
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # unscale_ reads its gradients
     passes, scaling = [], []
