@@ -22,6 +22,13 @@ training. Every misuse raises the same exception type with the same message as t
 deliberate difference: torch's CUDA kernel rejects bf16 gradients (NotImplementedError, pytorch
 issue #127176); here they are unscaled as on the CPU.
 
+Across processes (lesson 8), ``process_group=`` makes it torch's ``ShardedGradScaler``'s twin:
+each found-inf is summed over the group's ranks (``all_reduce``, SUM) before any step is
+decided, so a rank whose own shard is finite still skips the step another rank overflowed on.
+Without it, as with ``torch.amp.GradScaler``, each rank sees its own gradients only: that is
+right under DDP (every rank holds the all-reduced gradients), wrong under FSDP (shards).
+Sharded gradients (DTensors) are checked and unscaled on this rank's shard.
+
 On top of torch's behaviour, ``scaler.history`` keeps one :class:`UpdateRecord` per ``update()``:
 what the scale was, what it became, and which optimizers stepped. It costs no host-device sync
 during training: the numbers stay on the scale's device until ``history`` is read (or every
@@ -93,6 +100,8 @@ class GradScaler:
         growth_interval: clean ``update()`` calls in a row needed to grow the scale.
         enabled: if False, ``scale`` returns its argument and ``step`` just calls
             ``optimizer.step``: the same loop runs with or without scaling.
+        process_group: a torch.distributed group whose ranks' found-infs are summed, as
+            ``ShardedGradScaler``'s ``process_group`` (None: this process alone).
 
     Beyond torch's API, ``history`` lists one :class:`UpdateRecord` per ``update()``
     (iteration, scale, new_scale, growth_tracker, found_inf, stepped, manual), and
@@ -107,8 +116,10 @@ class GradScaler:
         backoff_factor: float = 0.5,
         growth_interval: int = 2000,
         enabled: bool = True,
+        process_group=None,
     ) -> None:
         self._device = device
+        self._process_group = process_group
         self._enabled = enabled
         self._history: list[UpdateRecord] = []
         self._pending: list[tuple[torch.Tensor, dict[str, Any]]] = []
@@ -282,6 +293,8 @@ class GradScaler:
                     grad = param.grad
                     if grad is None:
                         continue
+                    if hasattr(grad, "to_local"):  # a DTensor: this rank's shard, in place
+                        grad = grad.to_local()
                     if not allow_fp16 and grad.dtype == torch.float16:
                         # Unscaled fp16 grads would underflow again: keep fp32 master params.
                         raise ValueError("Attempting to unscale FP16 gradients.")
@@ -300,7 +313,19 @@ class GradScaler:
                 found_inf_per_device[device] = _found_inf(grads, device)  # before unscaling
                 if inv_scale is not None:
                     torch._foreach_mul_(grads, inv_scale.to(device, non_blocking=True))
+        if self._process_group is not None:
+            self._sum_over_ranks(found_inf_per_device)
         return found_inf_per_device
+
+    def _sum_over_ranks(self, found_inf_per_device: dict) -> None:
+        """ShardedGradScaler's sync: every found-inf summed over the group, in place. A rank
+        holding no gradient still joins, with a 0 on the scale's device."""
+        import torch.distributed as dist
+
+        if not found_inf_per_device:
+            found_inf_per_device[self._scale.device] = torch.zeros_like(self._scale)
+        for found in found_inf_per_device.values():
+            dist.all_reduce(found, group=self._process_group)
 
     def _update_scale(self, found_inf: torch.Tensor) -> None:
         """torch's ``_amp_update_scale_`` kernel in tensor operations, so the scale never leaves
@@ -436,6 +461,7 @@ class GradScaler:
         re-created on the first ``scale()`` after loading."""
         self._flush_history()
         state = self.__dict__.copy()
+        state["_process_group"] = None  # a group lives in its processes; give it again after
         if self._enabled:
             if len(self._per_optimizer_states) != 0:
                 raise AssertionError(

@@ -1,6 +1,6 @@
 """python -m mplab.train: train once and print the key figures (see --help).
 
-Under `torchrun --nproc_per_node N -m mplab.train ...` (any path) or
+Under `torchrun --nproc_per_node N -m mplab.train ...` (any path; `--path fsdp` shards) or
 `accelerate launch --multi_gpu --num_processes N -m mplab.train --path accelerate ...` every
 process trains its share of each batch; only rank 0 prints and writes --json.
 """
@@ -13,7 +13,7 @@ import sys
 import warnings
 
 from .common import NonFiniteLossError, TrainWarning
-from .config import PATHS, PRECISIONS, SCALERS, SCHEDULES, TrainConfig
+from .config import COMM_HOOKS, PATHS, PRECISIONS, SCALERS, SCHEDULES, TrainConfig
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,6 +65,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--no-watch", dest="watch", action="store_false",
                    help="without the hooks diagnose reads (zero gradients, unchanged weights)")
+    p.add_argument("--param-dtype", default=d.param_dtype,
+                   help="fsdp: the dtype weights are all-gathered and computed in (default: "
+                        "the precision's; fp32 gathers fp32 and autocasts)")
+    p.add_argument("--reduce-dtype", default=d.reduce_dtype,
+                   help=f"fsdp: the dtype gradients are reduce-scattered in: "
+                        f"{', '.join(PRECISIONS)}")
+    p.add_argument("--comm-hook", default=d.comm_hook,
+                   help=f"torch path under torchrun: DDP's all-reduce in {' or '.join(COMM_HOOKS)}"
+                        " (compress hooks) instead of fp32")
     p.add_argument("--json", metavar="FILE", help="write the result record here")
     return p
 

@@ -44,14 +44,20 @@ class Processes:
         return self.rank == 0
 
     @classmethod
-    def start(cls, device: str) -> Processes:
+    def start(cls, device: str, group: bool = False) -> Processes:
         """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK and join the process group: gloo on a
-        CPU, NCCL on GPUs (one GPU per process, cuda:LOCAL_RANK)."""
+        CPU, NCCL on GPUs (one GPU per process, cuda:LOCAL_RANK). Alone, a process joins a
+        group of one only with `group` (FSDP2 shards over a group even of one)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         dev = resolve_device(device)
-        if world == 1:
+        if world == 1 and not group:
             return cls(0, 1, dev)
         import torch.distributed as dist
+
+        if world == 1 and not dist.is_initialized():  # no torchrun: a store in this process
+            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo",
+                                    store=dist.HashStore(), rank=0, world_size=1)
+            return cls(0, 1, dev, started_group=True)
 
         if dev.type == "cuda":
             dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

@@ -6,10 +6,11 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-PATHS = ("torch", "accelerate", "trainer")
+PATHS = ("torch", "accelerate", "trainer", "fsdp")
 PRECISIONS = ("fp32", "fp16", "bf16")
 SCALERS = ("torch", "mplab")
 SCHEDULES = ("linear", "constant")
+COMM_HOOKS = ("bf16", "fp16")    # DDP's compress hooks: gradients all-reduced in this dtype
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,13 @@ class TrainConfig:
     progress: bool = True
     watch: bool = True                 # the hooks diagnose reads (zero gradients, unchanged
     #                                    weights); off, every precision pays only its own cost
+    # Across processes (lesson 8). FSDP2's MixedPrecisionPolicy, on the fsdp path: the dtype the
+    # sharded fp32 weights are all-gathered in for compute (None: the precision's; "fp32" with
+    # bf16/fp16 gathers fp32 and autocasts instead) and the dtype gradients are summed across
+    # ranks in. DDP's gradient all-reduce, on the torch path: None (fp32) or a compress hook.
+    param_dtype: str | None = None
+    reduce_dtype: str = "fp32"
+    comm_hook: str | None = None
 
     # What a resumed run may change: the rest must match the checkpoint, or it would not be
     # the same run continued.
@@ -63,11 +71,12 @@ class TrainConfig:
         _one_of("path", self.path, PATHS)
         _one_of("precision", self.precision, PRECISIONS)
         _one_of("scaler", self.scaler, SCALERS)
-        if self.scaler != "torch" and self.path != "torch":
-            raise ValueError(f"scaler={self.scaler!r} is the torch path's choice; the "
+        if self.scaler != "torch" and self.path not in ("torch", "fsdp"):
+            raise ValueError(f"scaler={self.scaler!r} is the torch and fsdp paths' choice; the "
                              f"{self.path} path uses the GradScaler Accelerate builds (torch's), "
                              "so accepted there: 'torch'")
         _one_of("schedule", self.schedule, SCHEDULES)
+        self._check_processes()
         defaults = {f.name: f.default for f in fields(TrainConfig)}
         changed = {k: v for k, v in self.scaler_settings.items() if v != defaults[k]}
         if self.path == "trainer" and changed:
@@ -118,6 +127,31 @@ class TrainConfig:
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f"model must be 'lesson', 'lesson-pretrained', 'minilm' or a hub "
                              f"name / saved folder, got {self.model!r}")
+
+    def _check_processes(self) -> None:
+        """The settings of lesson 8: each belongs to one path."""
+        if self.param_dtype is not None:
+            accepted = ("fp32", self.precision)
+            _one_of("param_dtype", self.param_dtype, tuple(dict.fromkeys(accepted)),
+                    f" with precision {self.precision!r} (None: the precision's)")
+        _one_of("reduce_dtype", self.reduce_dtype, PRECISIONS)
+        if self.path != "fsdp":
+            for name, default in (("param_dtype", None), ("reduce_dtype", "fp32")):
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name}={getattr(self, name)!r} is FSDP2's "
+                                     f"MixedPrecisionPolicy, on path='fsdp'; the {self.path} "
+                                     f"path accepts {name}={default!r}")
+        if self.comm_hook is not None:
+            _one_of("comm_hook", self.comm_hook, COMM_HOOKS, " or None (fp32)")
+            if self.path != "torch":
+                raise ValueError(f"comm_hook={self.comm_hook!r} is DDP's, on path='torch'; "
+                                 f"the {self.path} path accepts comm_hook=None (on fsdp, "
+                                 "reduce_dtype sets the gradients' dtype across ranks)")
+        if self.path == "fsdp" and self.checkpoint_dir:
+            raise ValueError(f"checkpoint_dir={self.checkpoint_dir!r}: the fsdp path does not "
+                             "write checkpoints yet (each rank holds only its shard); accepted "
+                             "there: checkpoint_dir=None, or path='torch' / 'accelerate' / "
+                             "'trainer' to checkpoint")
 
     @property
     def scaler_settings(self) -> dict:

@@ -52,6 +52,10 @@ class TrainResult:
     - `peak_memory_bytes`: on a GPU, `torch.cuda.max_memory_allocated` since the run began; on
       a CPU, the process's peak resident set size (`ru_maxrss`), which includes everything the
       process held before the run. `peak_memory_kind` says which.
+    - `ranks` (lesson 8, multi-process runs with the watch): per rank, in rank order, what it
+      held after the first step (`ranks.held_bytes`: weights, gradients, optimizer states), its
+      parameters' local shapes and dtypes, and the collectives that step sent (op, dtype,
+      calls, bytes): plain data, the same in the JSON.
     - `stopped`: None for a run that finished, else why it stopped early, in words;
       `stop_reason` the same as a code (a key of `STOP_REASONS`).
     """
@@ -94,6 +98,7 @@ class TrainResult:
     device_name: str = ""
     torch_version: str = torch.__version__
     config: dict = field(default_factory=dict)
+    ranks: list[dict] = field(default_factory=list)
     audit: Audit | None = None
 
     def as_dict(self) -> dict:

@@ -55,6 +55,7 @@ from .common import (
     reset_peak_memory,
 )
 from .config import TrainConfig
+from .ranks import Traffic, gather_reports, rank_report
 from .result import TrainResult
 from .watch import StepLog
 
@@ -91,6 +92,7 @@ class Run:
     save_state: object = None  # the path's own checkpointing of its parts (Accelerate's)
     load_state: object = None
     log: StepLog | None = None  # writes each step into `result`, and watches the model
+    traffic: Traffic | None = None  # the collectives a multi-process path counts (lesson 8)
     _tick: float = 0.0
     _tokens_now: int = 0
     _bar: object = None
@@ -116,7 +118,7 @@ class Run:
         """Join the processes, seed the run (leaving the caller's RNG as it was), load the
         data and the model onto the device, and open the result record. `managed`: the
         path's library (the Trainer) evaluates and checkpoints on its own schedule."""
-        procs = Processes.start(config.device)
+        procs = Processes.start(config.device, group=path == "fsdp")
         try:
             cuda = [procs.device.index or 0] if procs.device.type == "cuda" else []
             with torch.random.fork_rng(devices=cuda):
@@ -263,7 +265,7 @@ class Run:
         """This process's rows of a global batch (as DistributedSampler would give them), in
         `accumulation_steps` micro-batches of the model's keyword arguments, each with the
         context its backward runs in: DDP's `no_sync()` on all but the last, so gradients are
-        all-reduced once per step."""
+        all-reduced once per step (FSDP2 is told the same by `set_requires_gradient_sync`)."""
         config = self.config
         first = self.procs.rank * self.per_process
         keys = ["input_ids", "labels"] + (["attention_mask"] if config.attention_mask
@@ -273,8 +275,18 @@ class Run:
             start = first + i * config.batch_size
             micro = {k: batch[k][start:start + config.batch_size] for k in keys}
             last = i == n - 1
+            if hasattr(net, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter on the last
+                net.set_requires_gradient_sync(last)
             yield micro, (net.no_sync() if hasattr(net, "no_sync") and not last
                           else nullcontext())
+
+    def report_ranks(self) -> None:
+        """After the first optimizer step, before `zero_grad` (so the gradients are still
+        held): every rank's `ranks.rank_report` into `result.ranks`, where the path counts its
+        collectives (`traffic`). Every rank calls it: the reports are gathered."""
+        if self.step == 0 and self.traffic is not None:
+            report = rank_report(self.procs.rank, self.model, self.optimizer, self.traffic)
+            self.result.ranks = gather_reports(report, self.procs.world_size)
 
     def check_finite(self, loss: torch.Tensor | float) -> float:
         """The step's loss, averaged over processes, as a number (one host sync per step; a

@@ -15,6 +15,7 @@ from mplab.scaler import GradScaler as MplabGradScaler
 
 from .common import decay_groups
 from .config import TrainConfig
+from .ranks import Traffic, counting_hook
 from .result import TrainResult
 from .run import Run, lr_schedule
 from .watch import StepCounter
@@ -56,6 +57,7 @@ def train_torch(config: TrainConfig, model=None, tokenizer=None, on_step=None) -
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             scaler.step(optimizer)  # [optimizer step] unscales; skips it on an inf/NaN
             scaler.update()  # [scaler update] back off after an inf, grow after clean runs
+            run.report_ranks()  # [mplab] under torchrun: each rank's bytes and all-reduces
             optimizer.zero_grad(set_to_none=True)  # [zero_grad]
             skipped = not stepped.stepped()
             if not skipped:
@@ -67,10 +69,25 @@ def train_torch(config: TrainConfig, model=None, tokenizer=None, on_step=None) -
 
 
 def _distributed(model: torch.nn.Module, run: Run):
-    """DistributedDataParallel under torchrun (gloo on a CPU, NCCL on GPUs); else the model."""
+    """DistributedDataParallel under torchrun (gloo on a CPU, NCCL on GPUs); else the model.
+
+    Its gradient all-reduce runs through a comm hook that counts what each bucket sends
+    (`ranks.counting_hook`, into `run.traffic`): fp32 (the same all-reduce as DDP's own), or
+    `comm_hook`'s bf16 / fp16 compress hook, which casts each bucket down for the trip."""
+    config = run.config
     if run.procs.world_size == 1:
+        if config.comm_hook:
+            run.warn(f"comm_hook={config.comm_hook!r} is unused: one process all-reduces "
+                     "nothing; start several with torchrun --nproc_per_node N")
         return model
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     index = run.device.index
-    return DistributedDataParallel(model, device_ids=[index] if index is not None else None)
+    net = DistributedDataParallel(model, device_ids=[index] if index is not None else None)
+    hook = {None: None, "bf16": default_hooks.bf16_compress_hook,
+            "fp16": default_hooks.fp16_compress_hook}[config.comm_hook]
+    if config.watch or hook is not None:
+        run.traffic = Traffic()
+        net.register_comm_hook(None, counting_hook(run.traffic, hook))
+    return net

@@ -38,6 +38,10 @@ def inner_optimizer(optimizer):
     return optimizer
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 class StepCounter:
     """Did `optimizer.step()` really run? A GradScaler skips it when a gradient is inf/NaN; an
     optimizer post-hook sees whether it ran, as Accelerate's `step_was_skipped` does. (Reading
@@ -78,7 +82,8 @@ class StepWatch:
         self._before = self._snapshot()
 
     def _count_zeros(self, optimizer, args, kwargs) -> None:
-        grads = [p.grad for p in self._graded if p.grad is not None]
+        # a DTensor's (FSDP2's) shard on this rank: its share, as the optimizer steps it
+        grads = [_local(p.grad) for p in self._graded if p.grad is not None]
         total = sum(g.numel() for g in grads)
         if total:  # counted on the device, read with one sync
             zero = torch.stack([(g == 0).sum() for g in grads]).sum().item()

@@ -1,0 +1,145 @@
+"""What each process of a multi-process run holds and sends (lesson 8), measured, not computed
+from the parameter count.
+
+- `CommWatch`: the collectives this process issues through torch.distributed's ops (FSDP2's
+  all-gathers and reduce-scatters), each with its dtype and the bytes this rank puts in.
+- `counting_hook`: a DDP comm hook that wraps another (fp32 all-reduce, or the bf16 / fp16
+  compress hooks) and counts what each bucket's all-reduce really sends; DDP's own reducer
+  calls its all-reduce from C++, past any dispatch mode.
+- `held_bytes`: the bytes of every tensor the model and optimizer own on this rank, by what
+  they are (weights, gradients, optimizer states), each storage counted once, so a shard's
+  padding shows.
+- `rank_report`: one rank's figures as plain data; `gather_reports` brings every rank's to
+  rank 0 (`TrainResult.ranks`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mplab.formats import dtype_name
+
+from .watch import _local, inner_optimizer
+
+# c10d's ops by the name lesson 8 uses, and the argument holding what this rank puts in.
+COLLECTIVES = {"_allgather_base_": ("all_gather", "input_tensor"),
+               "allgather_into_tensor_coalesced_": ("all_gather", "inputs"),
+               "_reduce_scatter_base_": ("reduce_scatter", "input_tensor"),
+               "reduce_scatter_tensor_coalesced_": ("reduce_scatter", "inputs"),
+               "allreduce_": ("all_reduce", "tensors"),
+               "broadcast_": ("broadcast", "tensors")}
+
+
+class Traffic:
+    """Collectives seen, by (op, dtype): how many calls and how many bytes this rank put in."""
+
+    def __init__(self):
+        self.calls: dict[tuple[str, str], int] = defaultdict(int)
+        self.bytes: dict[tuple[str, str], int] = defaultdict(int)
+
+    def add(self, op: str, tensors) -> None:
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        for dtype in {t.dtype for t in tensors}:
+            key = (op, dtype_name(dtype))
+            self.calls[key] += 1
+            self.bytes[key] += sum(t.numel() * t.element_size() for t in tensors
+                                   if t.dtype == dtype)
+
+    def rows(self) -> list[dict]:
+        """One row per (op, dtype), as plain data: op, dtype, calls, bytes."""
+        return [{"op": op, "dtype": dtype, "calls": self.calls[op, dtype],
+                 "bytes": self.bytes[op, dtype]} for op, dtype in sorted(self.calls)]
+
+
+class CommWatch(TorchDispatchMode):
+    """Within `with CommWatch() as seen:`, every torch.distributed collective that goes
+    through the dispatcher (FSDP2's do, and `dist.all_reduce`) is recorded in `seen.traffic`.
+    A dispatch mode sees each op, so it costs time: lesson 8 watches one step."""
+
+    def __init__(self, traffic: Traffic | None = None):
+        super().__init__()
+        self.traffic = traffic if traffic is not None else Traffic()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "c10d" and func._opname in COLLECTIVES:
+            op, argument = COLLECTIVES[func._opname]
+            names = [a.name for a in func._schema.arguments]
+            where = names.index(argument)
+            self.traffic.add(op, args[where] if where < len(args) else kwargs[argument])
+        return func(*args, **kwargs)
+
+
+def counting_hook(traffic: Traffic, hook=None):
+    """A DDP comm hook that runs `hook` (torch's `default_hooks.allreduce_hook`, the same fp32
+    all-reduce as DDP's own, if None; or `bf16_compress_hook` / `fp16_compress_hook`) under a
+    `CommWatch`, so each bucket's all-reduce is counted in the dtype it really went in."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    hook = hook or default_hooks.allreduce_hook
+
+    def counted(state, bucket):
+        with CommWatch(traffic):
+            return hook(state, bucket)
+
+    return counted
+
+
+def held_bytes(model: torch.nn.Module, optimizer=None) -> dict[str, int]:
+    """Bytes of the tensors this rank holds for the model and optimizer: "weights" (the
+    parameters as stored: FSDP2's local shards), "gradients" and "optimizer" (its state
+    tensors), and "total". Each storage is counted once and whole, so gradients that are views
+    into one flat buffer count once, and a shard padded to an even split counts its padding."""
+    seen: set[int] = set()
+    held = {"weights": 0, "gradients": 0, "optimizer": 0}
+
+    def add(kind: str, tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            return
+        storage = _local(tensor).untyped_storage()
+        if storage.data_ptr() not in seen and storage.nbytes():
+            seen.add(storage.data_ptr())
+            held[kind] += storage.nbytes()
+
+    params = list(model.parameters())
+    for p in params:
+        add("weights", p)
+    for p in params:
+        add("gradients", p.grad)
+    if optimizer is not None:
+        for state in inner_optimizer(optimizer).state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:  # not Adam's step count
+                    add("optimizer", value)
+    held["total"] = sum(held.values())
+    return held
+
+
+def shards(model: torch.nn.Module) -> list[dict]:
+    """Each parameter as this rank stores it: name, global shape, local shape, dtype."""
+    return [{"name": name, "shape": list(p.shape), "local_shape": list(_local(p).shape),
+             "dtype": dtype_name(p.dtype)} for name, p in model.named_parameters()]
+
+
+def rank_report(rank: int, model, optimizer, traffic: Traffic | None) -> dict:
+    """One rank's figures, as plain data: what it holds, its shards, the collectives it sent."""
+    state_dtypes = sorted({dtype_name(v.dtype) for s in inner_optimizer(optimizer).state.values()
+                           for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0})
+    grads = sorted({dtype_name(p.grad.dtype) for p in model.parameters() if p.grad is not None})
+    return {"rank": rank, "held_bytes": held_bytes(model, optimizer), "shards": shards(model),
+            "grad_dtypes": grads, "optimizer_state_dtypes": state_dtypes,
+            "collectives": traffic.rows() if traffic is not None else []}
+
+
+def gather_reports(report: dict, world_size: int) -> list[dict]:
+    """Every rank's report, in rank order, on every rank (one all_gather_object)."""
+    if world_size == 1:
+        return [report]
+    import torch.distributed as dist
+
+    reports: list = [None] * world_size
+    dist.all_gather_object(reports, report)
+    return reports
