@@ -51,6 +51,7 @@ FALLBACKS = {
     "low_precision_weights": "the weights are in low precision: no fp32 master weights",
     "low_precision_states": "the optimizer's states are in low precision",
     "scaler_with_bf16": "a GradScaler is used with bf16",
+    "low_precision_reduce": "the gradients were summed across ranks in low precision",
 }
 
 
@@ -423,6 +424,18 @@ def _fallbacks(report: Audit, model, result, accelerator) -> tuple[list[Fallback
                               "its gradients do not underflow and need no scaling; the scaler "
                               "only costs time and can skip steps for nothing. Use it with fp16 "
                               "only"))
+    reduced = sorted({row["dtype"] for rank in getattr(result, "ranks", None) or []
+                      for row in rank["collectives"]
+                      if row["op"] in ("reduce_scatter", "all_reduce")
+                      and row["dtype"] in ("bfloat16", "float16")})
+    if reduced:
+        found.append(Fallback("low_precision_reduce",
+                              f"the gradients were summed across ranks in {', '.join(reduced)}: "
+                              "every rank's contribution is rounded to 8 (bf16) or 11 (fp16) "
+                              "bits before the sum, and the sum itself too, an error that "
+                              "grows with the number of ranks. Keep reduce_dtype='fp32' "
+                              "(MixedPrecisionPolicy) or DDP's fp32 all-reduce unless the "
+                              "bandwidth is worth it"))
     if compute in _LOW and report.output_dtype == torch.float32 and (
             (ac or {}).get("by", "").startswith("Accelerate") or path in ("accelerate", "trainer")):
         notes.append(f"the model's output is float32 although its matmuls ran in "

@@ -16,8 +16,8 @@ two states per parameter):
 - "bf16_master":  2 + 2 + 4 + 8 = 16. bf16 weights and gradients, an fp32 master and fp32
                   states (Megatron's and DeepSpeed's mixed precision; the Ultra-Scale
                   Playbook's "BF16 w/o FP32 grad acc").
-- "bf16_fp32_grads": 2 + 4 + 4 + 8 = 20, gradients accumulated in fp32 (the Playbook's
-                  "BF16 w/ FP32 grad acc").
+- "bf16_fp32_grads": 2 + (2 + 4) + 4 + 8 = 20: the bf16 gradients and an fp32 buffer they
+                  are accumulated in (the Playbook's "BF16 w/ FP32 grad acc").
 
 Sharding: "none" (one process), "ddp" (every rank holds everything, and DDP's reducer adds
 gradient buckets the size of the gradients: `buckets`), "zero1" (optimizer states and master
@@ -33,7 +33,7 @@ from mplab._display import Table
 
 # bytes per parameter: (weights, gradients, master, optimizer states, transient copy)
 POLICIES = {"fp32": (4, 4, 0, 8, 0), "amp": (4, 4, 0, 8, 2), "bf16": (2, 2, 0, 4, 0),
-            "bf16_master": (2, 2, 4, 8, 0), "bf16_fp32_grads": (2, 4, 4, 8, 0)}
+            "bf16_master": (2, 2, 4, 8, 0), "bf16_fp32_grads": (2, 6, 4, 8, 0)}
 # what each stage divides by the number of ranks
 SHARDINGS = {"none": (), "ddp": (), "zero1": ("master", "optimizer"),
              "zero2": ("master", "optimizer", "gradients"),

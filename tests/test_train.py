@@ -288,7 +288,7 @@ def test_cli_bad_input_says_what_was_given_and_what_is_accepted(args, expected, 
 @pytest.mark.parametrize("settings, expected", [
     ({"precision": "float8"}, "unknown precision 'float8'; accepted: 'fp32', 'fp16', 'bf16'"),
     ({"path": "deepspeed"}, "unknown path 'deepspeed'; accepted: 'torch', 'accelerate', "),
-    ({"path": "trainer", "scaler": "mplab"}, "scaler='mplab' is the torch path's choice"),
+    ({"path": "trainer", "scaler": "mplab"}, "scaler='mplab' is the torch and fsdp paths' choice"),
     ({"path": "trainer", "init_scale": 1024.0}, "init_scale=1024.0: the Trainer builds its"),
     ({"device": "npu"}, "unknown device 'npu'; accepted: 'auto', 'cpu', 'cuda'"),
     ({"steps": -1}, "steps must be a positive integer, got -1"),

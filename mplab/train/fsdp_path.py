@@ -22,7 +22,7 @@ from mplab.scaler import GradScaler as MplabGradScaler
 
 from .common import decay_groups
 from .config import TrainConfig
-from .ranks import CommWatch
+from .ranks import CommWatch, transformer_blocks
 from .result import TrainResult
 from .run import Run, lr_schedule
 from .watch import StepCounter
@@ -92,11 +92,3 @@ def train_fsdp(config: TrainConfig, model=None, tokenizer=None, on_step=None) ->
         stepped.remove()
         return run.finish()  # [mplab]
 
-
-def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's repeated blocks: the modules of its first ModuleList (a Hugging Face
-    encoder's `layer`, a decoder's `layers`); each becomes one FSDP unit."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList):
-            return list(module)
-    return []

@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mplab.formats import dtype_name
 
-from .watch import _local, inner_optimizer
+from .watch import inner_optimizer, local_shard
 
 # c10d's ops by the name lesson 8 uses, and the argument holding what this rank puts in.
 COLLECTIVES = {"_allgather_base_": ("all_gather", "input_tensor"),
@@ -88,6 +88,15 @@ def counting_hook(traffic: Traffic, hook=None):
     return counted
 
 
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks: the modules of its first ModuleList (a Hugging Face
+    encoder's `layer`, a decoder's `layers`); each becomes one FSDP unit."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList):
+            return list(module)
+    return []
+
+
 def held_bytes(model: torch.nn.Module, optimizer=None) -> dict[str, int]:
     """Bytes of the tensors this rank holds for the model and optimizer: "weights" (the
     parameters as stored: FSDP2's local shards), "gradients" and "optimizer" (its state
@@ -99,7 +108,7 @@ def held_bytes(model: torch.nn.Module, optimizer=None) -> dict[str, int]:
     def add(kind: str, tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
             return
-        storage = _local(tensor).untyped_storage()
+        storage = local_shard(tensor).untyped_storage()
         if storage.data_ptr() not in seen and storage.nbytes():
             seen.add(storage.data_ptr())
             held[kind] += storage.nbytes()
@@ -120,7 +129,7 @@ def held_bytes(model: torch.nn.Module, optimizer=None) -> dict[str, int]:
 
 def shards(model: torch.nn.Module) -> list[dict]:
     """Each parameter as this rank stores it: name, global shape, local shape, dtype."""
-    return [{"name": name, "shape": list(p.shape), "local_shape": list(_local(p).shape),
+    return [{"name": name, "shape": list(p.shape), "local_shape": list(local_shard(p).shape),
              "dtype": dtype_name(p.dtype)} for name, p in model.named_parameters()]
 
 
@@ -143,3 +152,58 @@ def gather_reports(report: dict, world_size: int) -> list[dict]:
     reports: list = [None] * world_size
     dist.all_gather_object(reports, report)
     return reports
+
+
+def overflow_on_one_rank(scaler: str = "torch", rank_with_inf: int = 1) -> list[dict]:
+    """One fp16 FSDP2 step of the lesson model in which one rank alone finds an inf: after
+    backward, an inf is put into `rank_with_inf`'s shard of one gradient (as an overflow in its
+    part of the reduce-scatter would leave it), then the scaler unscales, steps and updates.
+
+    `scaler`: "torch" (torch.amp.GradScaler, whose check DTensor runs on every rank's shard and
+    combines), "sharded" (torch's ShardedGradScaler, which all-reduces the found-inf), "mplab"
+    (mplab.scaler.GradScaler given the process group) or "mplab_alone" (without it: each rank
+    checks its own shard only).
+    Run in every process (`launch.run_across`); returns every rank's
+    {rank, inf_here, stepped, scale} in rank order: where they differ, the ranks have parted.
+    """
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from mplab import models
+    from mplab.scaler import GradScaler as MplabGradScaler
+
+    makers = {"torch": lambda: torch.amp.GradScaler("cpu", init_scale=2.0**10),
+              "sharded": lambda: ShardedGradScaler("cpu", init_scale=2.0**10,
+                                                   process_group=dist.group.WORLD),
+              "mplab": lambda: MplabGradScaler("cpu", init_scale=2.0**10,
+                                                process_group=dist.group.WORLD),
+              "mplab_alone": lambda: MplabGradScaler("cpu", init_scale=2.0**10)}
+    if scaler not in makers:
+        raise ValueError(f"unknown scaler {scaler!r}; accepted: " + ", ".join(map(repr, makers)))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if not 0 <= rank_with_inf < world:
+        raise ValueError(f"rank_with_inf must be a rank from 0 to {world - 1}, got "
+                         f"{rank_with_inf!r}")
+    model = models.lesson_model(2, seed=0, pretrained=True)
+    policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
+    for block in transformer_blocks(model):
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    amp = makers[scaler]()
+    stepped = []
+    optimizer.register_step_post_hook(lambda *args: stepped.append(True))
+    generator = torch.Generator().manual_seed(rank)  # each rank its own batch, as in training
+    ids = torch.randint(5, 200, (8, 16), generator=generator)
+    labels = torch.randint(0, 2, (8,), generator=generator)
+    amp.scale(model(input_ids=ids, labels=labels).loss).backward()
+    if rank == rank_with_inf:
+        with torch.no_grad():
+            local_shard(next(model.parameters()).grad).view(-1)[0] = float("inf")
+    amp.step(optimizer)
+    amp.update()
+    report = {"rank": rank, "inf_here": rank == rank_with_inf, "stepped": bool(stepped),
+              "scale": amp.get_scale()}
+    return gather_reports(report, world)
+

@@ -38,7 +38,8 @@ def inner_optimizer(optimizer):
     return optimizer
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (FSDP2's parameters and gradients); a tensor itself."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
@@ -83,7 +84,7 @@ class StepWatch:
 
     def _count_zeros(self, optimizer, args, kwargs) -> None:
         # a DTensor's (FSDP2's) shard on this rank: its share, as the optimizer steps it
-        grads = [_local(p.grad) for p in self._graded if p.grad is not None]
+        grads = [local_shard(p.grad) for p in self._graded if p.grad is not None]
         total = sum(g.numel() for g in grads)
         if total:  # counted on the device, read with one sync
             zero = torch.stack([(g == 0).sum() for g in grads]).sum().item()

@@ -1,0 +1,166 @@
+"""Lesson 8's machinery on real processes (torchrun, gloo): the FSDP2 path against the one-process
+torch path, the dtypes each collective really ran in, DDP's compress hooks, the scalers when
+one rank alone overflows, and the planner against the bytes each rank really holds."""
+
+import statistics
+
+import pytest
+import torch
+
+from mplab import plan
+from mplab.train import TrainConfig, train
+from mplab.train.launch import run_across, train_across
+
+QUICK = dict(model="lesson-pretrained", warmup_steps=0, eval_samples=64, progress=False)
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def two():
+    """One torchrun of 2 processes for every job: processes start once."""
+    jobs = {"fsdp_bf16": dict(path="fsdp", precision="bf16", batch_size=8),
+            "fsdp_fp16": dict(path="fsdp", precision="fp16", batch_size=8, init_scale=2.0**10),
+            "fsdp_fp16_mplab": dict(path="fsdp", precision="fp16", batch_size=8,
+                                    init_scale=2.0**10, scaler="mplab"),
+            "fsdp_bf16_reduce": dict(path="fsdp", precision="bf16", batch_size=8,
+                                     reduce_dtype="bf16", steps=2),
+            "ddp_fp32": dict(path="torch", precision="fp32", batch_size=8),
+            "ddp_bf16_hook": dict(path="torch", precision="fp32", batch_size=8,
+                                  comm_hook="bf16"),
+            "bad": dict(path="fsdp", reduce_dtype="fp8")}
+    results = train_across(2, *({"steps": STEPS, **QUICK, **job} for job in jobs.values()))
+    return dict(zip(jobs, results))
+
+
+def _mean10(result):
+    return statistics.mean(result.losses[-10:])
+
+
+def _traffic(result, rank=0):
+    return {(row["op"], row["dtype"]): row for row in result.ranks[rank]["collectives"]}
+
+
+def test_fsdp_on_two_processes_trains_as_the_torch_path_in_one(two):
+    alone = train(path="torch", precision="bf16", steps=STEPS, batch_size=16, **QUICK)
+    fsdp = two["fsdp_bf16"]
+    assert fsdp.world_size == 2 and fsdp.global_batch_size == alone.global_batch_size
+    assert abs(_mean10(fsdp) - _mean10(alone)) / _mean10(alone) < 0.01
+    assert abs(fsdp.losses[-1] - alone.losses[-1]) / alone.losses[-1] < 0.05
+    assert fsdp.compute_dtype == torch.bfloat16 and fsdp.param_dtype == torch.float32
+    assert fsdp.eval_accuracy is not None
+
+
+def test_each_rank_holds_its_shard_and_the_collectives_run_in_the_policys_dtypes(two):
+    fsdp, reduced = two["fsdp_bf16"], two["fsdp_bf16_reduce"]
+    assert [r["rank"] for r in fsdp.ranks] == [0, 1]
+    for name_shards in zip(*(r["shards"] for r in fsdp.ranks)):
+        (first, second) = name_shards
+        assert first["name"] == second["name"] and first["dtype"] == "float32"
+        assert first["local_shape"][0] + second["local_shape"][0] == first["shape"][0]
+    assert set(_traffic(fsdp)) == {("all_gather", "bfloat16"), ("reduce_scatter", "float32")}
+    assert set(_traffic(reduced)) == {("all_gather", "bfloat16"), ("reduce_scatter", "bfloat16")}
+    # the reduce-scatter hands in the whole gradients: half the bytes in bf16
+    assert _traffic(reduced)["reduce_scatter", "bfloat16"]["bytes"] * 2 == \
+        _traffic(fsdp)["reduce_scatter", "float32"]["bytes"]
+    # forward gathers every unit once, backward every block again: more calls than units
+    gathers = _traffic(fsdp)["all_gather", "bfloat16"]["calls"]
+    assert gathers > _traffic(fsdp)["reduce_scatter", "float32"]["calls"]
+
+
+def test_the_sharded_scalers_agree_bit_for_bit(two):
+    torch_s, mplab_s = two["fsdp_fp16"], two["fsdp_fp16_mplab"]
+    assert torch_s.losses == mplab_s.losses
+    assert torch_s.scales == mplab_s.scales and torch_s.skipped_steps == mplab_s.skipped_steps
+    assert torch_s.compute_dtype == torch.float16
+
+
+def test_a_compress_hook_halves_the_all_reduce_and_trains_alike(two):
+    fp32, bf16 = two["ddp_fp32"], two["ddp_bf16_hook"]
+    sent = _traffic(fp32)["all_reduce", "float32"]["bytes"]
+    assert sent == 4 * fp32.parameters  # every gradient, once, in one step
+    assert _traffic(bf16)["all_reduce", "bfloat16"]["bytes"] * 2 == sent
+    assert fp32.losses != bf16.losses
+    assert abs(_mean10(fp32) - _mean10(bf16)) / _mean10(fp32) < 0.01
+
+
+def test_a_refused_setting_comes_back_as_raised(two):
+    bad = two["bad"]
+    assert bad["error"] == "ValueError" and "'fp8'" in bad["message"]
+    assert "accepted" in bad["message"]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_plan_is_within_5_percent_of_what_each_rank_holds(two, ranks):
+    if ranks == 2:
+        fsdp, ddp = two["fsdp_bf16"], two["ddp_fp32"]
+    else:
+        # fp32 holds what bf16 compute does ("amp": fp32 weights); no bf16 matmuls to time
+        fsdp, ddp = train_across(4, *({"steps": 1, "batch_size": 4, **QUICK, "path": p}
+                                      for p in ("fsdp", "torch")))
+    n = fsdp.parameters
+    for held, planned in ((fsdp, plan.memory(n, "amp", ranks, "fsdp")),
+                          (ddp, plan.memory(n, "amp", ranks, "ddp"))):
+        for report in held.ranks:
+            measured = report["held_bytes"]["total"]
+            assert abs(measured - planned.held) / planned.held < 0.05, (held.path, report)
+    # padding: FSDP2 splits dim 0 into equal parts, so a rank holds a little more, never less
+    assert sum(r["held_bytes"]["weights"] for r in fsdp.ranks) >= 4 * n
+
+
+def test_one_rank_overflowing_alone():
+    jobs = [{"scaler": s} for s in ("torch", "sharded", "mplab", "mplab_alone")]
+    results = run_across(2, "mplab.train.ranks:overflow_on_one_rank", jobs)
+    for ranks in results[:3]:  # every rank skips, every scale backs off alike
+        assert [r["stepped"] for r in ranks] == [False, False]
+        assert ranks[0]["scale"] == ranks[1]["scale"] == 512.0
+    alone = results[3]  # each rank saw its own shard only: the ranks part
+    assert [r["stepped"] for r in alone] == [True, False]
+    assert [r["scale"] for r in alone] == [1024.0, 512.0]
+
+
+def test_fsdp_alone_is_fsdp_over_a_group_of_one():
+    result = train(path="fsdp", precision="fp32", steps=3, batch_size=8, **QUICK)
+    assert result.world_size == 1 and len(result.ranks) == 1
+    shards = result.ranks[0]["shards"]
+    assert all(s["shape"] == s["local_shape"] for s in shards)
+    assert result.ranks[0]["held_bytes"]["total"] == 16 * result.parameters
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("settings, words", [
+    (dict(path="torch", reduce_dtype="bf16"), "MixedPrecisionPolicy, on path='fsdp'"),
+    (dict(path="fsdp", precision="bf16", param_dtype="fp16"), "accepted: 'fp32', 'bf16'"),
+    (dict(path="fsdp", comm_hook="bf16"), "DDP's, on path='torch'"),
+    (dict(path="torch", comm_hook="int8"), "accepted: 'bf16', 'fp16'"),
+    (dict(path="fsdp", checkpoint_dir="x"), "does not write checkpoints yet"),
+    (dict(path="accelerate", scaler="mplab"), "torch and fsdp paths' choice"),
+])
+def test_lesson_8_settings_are_checked(settings, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        TrainConfig(**settings)
+
+
+def test_the_planner_reproduces_the_playbook_and_refuses_nonsense():
+    for n, (bf16, fp32_grads) in plan.PLAYBOOK.items():
+        assert plan.memory(n, "bf16_master").gb_per_rank == pytest.approx(bf16)
+        assert plan.memory(n, "bf16_fp32_grads").gb_per_rank == pytest.approx(fp32_grads)
+    zero = {s: plan.memory(7e9, "bf16_master", 8, s).held / 7e9
+            for s in ("zero1", "zero2", "zero3")}
+    assert zero == pytest.approx({"zero1": 4 + 12 / 8, "zero2": 2 + 14 / 8, "zero3": 16 / 8})
+    assert plan.memory(1e9, "amp", 8, "ddp").buckets == 4e9
+    rows = plan.table([70e9], [8, 512], gpu_gb=80).rows
+    assert [r["fits 80 GB"] for r in rows] == ["no", "yes"]
+    for bad, words in ((dict(policy="fp8"), "accepted: 'fp32'"),
+                       (dict(sharding="zero4"), "accepted: 'none'"),
+                       (dict(world_size=0), "positive integer"),
+                       (dict(world_size=4), "sharding='none' is one process")):
+        with pytest.raises(ValueError, match=words):
+            plan.memory(1e9, **bad)
+
+
+def test_the_audit_names_a_low_precision_reduce_and_only_then(two):
+    assert two["fsdp_bf16_reduce"].audit.has("low_precision_reduce")
+    assert two["ddp_bf16_hook"].audit.has("low_precision_reduce")
+    assert not two["fsdp_bf16"].audit.has("low_precision_reduce")
+    assert not two["ddp_fp32"].audit.has("low_precision_reduce")
+    assert two["fsdp_bf16"].audit.mixed and not two["fsdp_bf16"].audit.fallbacks
