@@ -95,7 +95,10 @@ def test_each_readme_training_command_runs_as_written(command, tmp_path):
     said = re.search(r"global batch\s+(\d+) \((\d+) process", summary)
     assert (int(said[1]), int(said[2])) == (twin.global_batch_size, n), summary
     first, last = map(float, re.search(r"loss first -> last\s+(\S+) -> (\S+)", summary).groups())
-    assert (first, last) == pytest.approx((twin.losses[0], twin.final_loss), abs=2e-4)
+    # FSDP2's bf16 policy computes the loss inside the model in bf16, whose last place at 0.7 is
+    # 2**-8: each process's loss is rounded there before the mean, the twin's only after it
+    close = 2**-8 if "--path fsdp" in command else 2e-4
+    assert (first, last) == pytest.approx((twin.losses[0], twin.final_loss), abs=close)
     # each process evaluates its share of the reviews and the shares are gathered: the same
     # accuracy as one process (to a review or two: bf16 rounds other batch shapes otherwise)
     accuracy = float(re.search(r"eval accuracy\s+(\S+)", summary)[1])

@@ -187,6 +187,14 @@ class TrainResult:
             ("seconds (training)", f"{self.seconds:.1f} ({self.train_seconds:.1f})"),
             ("peak memory", mem),
         ]
+        if self.ranks:  # lesson 8: what rank 0 holds and sent in step 1 (the others: the JSON)
+            held = self.ranks[0]["held_bytes"]
+            rows.append(("rank 0 holds (weights / gradients / optimizer)",
+                         " / ".join(f"{held[k] / 2**20:.2f}" for k in
+                                    ("weights", "gradients", "optimizer")) + " MiB"))
+            rows.append(("rank 0 sent in step 1", "; ".join(
+                f"{c['op']} {c['dtype']} x{c['calls']} {c['bytes'] / 2**20:.2f} MiB"
+                for c in self.ranks[0]["collectives"]) or "-"))
         if self.precision == "fp16":
             scale = f"{self.scales[-1]:g}" if self.scales else "-"
             rows.append(("skipped steps / last scale", f"{len(self.skipped_steps)} / {scale}"))
