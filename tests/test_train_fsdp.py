@@ -164,3 +164,15 @@ def test_the_audit_names_a_low_precision_reduce_and_only_then(two):
     assert not two["fsdp_bf16"].audit.has("low_precision_reduce")
     assert not two["ddp_fp32"].audit.has("low_precision_reduce")
     assert two["fsdp_bf16"].audit.mixed and not two["fsdp_bf16"].audit.fallbacks
+
+
+def test_what_accelerate_and_the_trainer_build_when_asked_for_fsdp(tmp_path):
+    """Measured with accelerate 1.15 / transformers 5.23: on CPUs both take the FSDP settings
+    without a word and build DDP (mplab's fsdp path shards there: the tests above); on GPUs
+    they shard. When a release changes that, this fails, and lesson 8's words change with it."""
+    built = run_across(2, "mplab.train.libraries:both", [{"output_dir": str(tmp_path)}])[0]
+    gpu = torch.cuda.is_available()
+    expected = ("FSDP", True) if gpu else ("MULTI_CPU", False)
+    assert [(b["distributed_type"], b["sharded"]) for b in built] == [expected] * 2, built
+    if not gpu:
+        assert [b["wrapper"] for b in built] == ["DistributedDataParallel"] * 2
