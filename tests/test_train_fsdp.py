@@ -2,7 +2,9 @@
 torch path, the dtypes each collective really ran in, DDP's compress hooks, the scalers when
 one rank alone overflows, and the planner against the bytes each rank really holds."""
 
+import os
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,6 +120,20 @@ def test_one_rank_overflowing_alone():
     assert [r["scale"] for r in alone] == [1024.0, 512.0]
 
 
+def test_an_fsdp_run_resumed_from_its_checkpoint_is_the_same_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    config = dict(path="fsdp", precision="fp16", steps=6, batch_size=4, save_every=3, **QUICK)
+    part = str(tmp_path / "part")
+    whole, stopped, resumed = run_across(2, "fsdp_jobs:losses", [
+        dict(config, checkpoint_dir=str(tmp_path / "whole")),
+        dict(config, checkpoint_dir=part, stop_at=3),
+        dict(config, checkpoint_dir=part, resume=True)])
+    assert stopped == {"stopped_at": 3} and resumed["resumed_from"] == 3
+    assert resumed["losses"] == whole["losses"] and resumed["scales"] == whole["scales"]
+    assert len(whole["losses"]) == 6
+
+
 def test_fsdp_alone_is_fsdp_over_a_group_of_one():
     result = train(path="fsdp", precision="fp32", steps=3, batch_size=8, **QUICK)
     assert result.world_size == 1 and len(result.ranks) == 1
@@ -132,7 +148,6 @@ def test_fsdp_alone_is_fsdp_over_a_group_of_one():
     (dict(path="fsdp", precision="bf16", param_dtype="fp16"), "accepted: 'fp32', 'bf16'"),
     (dict(path="fsdp", comm_hook="bf16"), "DDP's, on path='torch'"),
     (dict(path="torch", comm_hook="int8"), "accepted: 'bf16', 'fp16'"),
-    (dict(path="fsdp", checkpoint_dir="x"), "does not write checkpoints yet"),
     (dict(path="accelerate", scaler="mplab"), "torch and fsdp paths' choice"),
 ])
 def test_lesson_8_settings_are_checked(settings, words):

@@ -147,11 +147,6 @@ class TrainConfig:
                 raise ValueError(f"comm_hook={self.comm_hook!r} is DDP's, on path='torch'; "
                                  f"the {self.path} path accepts comm_hook=None (on fsdp, "
                                  "reduce_dtype sets the gradients' dtype across ranks)")
-        if self.path == "fsdp" and self.checkpoint_dir:
-            raise ValueError(f"checkpoint_dir={self.checkpoint_dir!r}: the fsdp path does not "
-                             "write checkpoints yet (each rank holds only its shard); accepted "
-                             "there: checkpoint_dir=None, or path='torch' / 'accelerate' / "
-                             "'trainer' to checkpoint")
 
     @property
     def scaler_settings(self) -> dict:

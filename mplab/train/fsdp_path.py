@@ -14,6 +14,7 @@ batch; alone, it is FSDP2 over a group of one.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 
@@ -58,7 +59,8 @@ def train_fsdp(config: TrainConfig, model=None, tokenizer=None, on_step=None) ->
         # over the sharded parameters (DTensors): each rank steps its own shard
         optimizer = torch.optim.AdamW(decay_groups(model, config.weight_decay), lr=config.lr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config))
-        run.prepare(optimizer, scheduler, scaler, autocast)  # [mplab]
+        save, load = _checkpointing(run, model, optimizer, scheduler, scaler)  # [mplab]
+        run.prepare(optimizer, scheduler, scaler, autocast, save_state=save, load_state=load)
         stepped = StepCounter(optimizer)
         watch = CommWatch() if config.watch else None  # [mplab] the first step's collectives
         run.traffic = watch.traffic if watch is not None else None
@@ -92,3 +94,44 @@ def train_fsdp(config: TrainConfig, model=None, tokenizer=None, on_step=None) ->
         stepped.remove()
         return run.finish()  # [mplab]
 
+
+def _checkpointing(run: Run, model, optimizer, scheduler, scaler):
+    """(save_state, load_state) for Run's checkpoints, each taking a folder: the model's and
+    optimizer's full state gathered from every rank's shards (torch.distributed.checkpoint's
+    state_dict helpers), written by rank 0; each
+    rank's RNG state beside it. Loading hands every rank the full state to keep its shard of."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_state_dict,
+    )
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    rank = run.procs.rank
+
+    def save(folder: str) -> None:
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=full)
+        where = Path(folder)
+        where.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            torch.save({"model": model_state, "optimizer": optimizer_state,
+                        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict()},
+                       where / "state.pt")
+        torch.save(torch.get_rng_state(), where / f"rng-{rank}.pt")
+        dist.barrier()
+
+    def load(folder: str) -> None:
+        where = Path(folder)
+        state = torch.load(where / "state.pt", map_location="cpu", weights_only=True)
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(full_state_dict=True))
+        scheduler.load_state_dict(state["scheduler"])
+        if scaler.is_enabled():
+            scaler.load_state_dict(state["scaler"])
+        rng = where / f"rng-{rank}.pt"
+        if rng.is_file():  # a checkpoint written by as many ranks
+            torch.set_rng_state(torch.load(rng, weights_only=True))
+
+    return save, load
