@@ -69,6 +69,21 @@ def test_each_rank_holds_its_shard_and_the_collectives_run_in_the_policys_dtypes
     assert gathers > _traffic(fsdp)["reduce_scatter", "float32"]["calls"]
 
 
+def test_the_audit_across_ranks_reads_each_ranks_shard_and_dtypes(two):
+    from mplab.train.ranks import ranks_table
+
+    rows = ranks_table(two["fsdp_bf16_reduce"].ranks).rows
+    assert [r["rank"] for r in rows] == [0, 1]
+    shares = [float(r["share of the weights"].rstrip("%")) for r in rows]
+    assert sum(shares) == pytest.approx(100, abs=0.1) and all(40 < s < 60 for s in shares)
+    assert {(r["stored"], r["all-gathered in"], r["reduced in"], r["gradients"],
+             r["optimizer states"]) for r in rows} == {
+        ("float32", "bfloat16", "bfloat16", "float32", "float32")}
+    ddp = ranks_table(two["ddp_bf16_hook"].ranks).rows
+    assert [(r["share of the weights"], r["all-gathered in"], r["reduced in"]) for r in ddp] \
+        == [("100.0%", "-", "bfloat16")] * 2
+
+
 def test_the_sharded_scalers_agree_bit_for_bit(two):
     torch_s, mplab_s = two["fsdp_fp16"], two["fsdp_fp16_mplab"]
     assert torch_s.losses == mplab_s.losses

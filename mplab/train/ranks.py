@@ -10,16 +10,19 @@ from the parameter count.
   they are (weights, gradients, optimizer states), each storage counted once, so a shard's
   padding shows.
 - `rank_report`: one rank's figures as plain data; `gather_reports` brings every rank's to
-  rank 0 (`TrainResult.ranks`).
+  rank 0 (`TrainResult.ranks`); `ranks_table` reads them as the audit across ranks.
+- `overflow_on_one_rank`: the fp16 step in which one rank alone finds an inf, per scaler.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mplab._display import Table
 from mplab.formats import dtype_name
 
 from .watch import inner_optimizer, local_shard
@@ -207,3 +210,27 @@ def overflow_on_one_rank(scaler: str = "torch", rank_with_inf: int = 1) -> list[
               "scale": amp.get_scale()}
     return gather_reports(report, world)
 
+
+
+def ranks_table(reports: list[dict]) -> Table:
+    """The audit across ranks, one row per rank (`TrainResult.ranks`): how much of the model
+    its shards hold and in which dtype, the dtypes its parameters were all-gathered in and
+    its gradients reduced in (as sent), its gradients' and optimizer states' dtypes, and the
+    MiB it held after step 1."""
+    rows = []
+    for report in reports:
+        shards = report["shards"]
+        local = sum(math.prod(s["local_shape"]) for s in shards)
+        whole = sum(math.prod(s["shape"]) for s in shards)
+        sent = {}
+        for c in report["collectives"]:
+            sent.setdefault(c["op"], []).append(c["dtype"])
+        rows.append({
+            "rank": report["rank"], "share of the weights": f"{local / whole:.1%}",
+            "stored": ", ".join(sorted({s["dtype"] for s in shards})),
+            "all-gathered in": ", ".join(sent.get("all_gather", ["-"])),
+            "reduced in": ", ".join(sent.get("reduce_scatter", sent.get("all_reduce", ["-"]))),
+            "gradients": ", ".join(report["grad_dtypes"]) or "-",
+            "optimizer states": ", ".join(report["optimizer_state_dtypes"]) or "-",
+            "held MiB": round(report["held_bytes"]["total"] / 2**20, 3)})
+    return Table(rows, title="each rank after step 1: its shard, and the dtypes it sent in")
