@@ -21,9 +21,10 @@ STEPS = 20
 def two():
     """One torchrun of 2 processes for every job: processes start once."""
     jobs = {"fsdp_bf16": dict(path="fsdp", precision="bf16", batch_size=8),
-            "fsdp_fp16": dict(path="fsdp", precision="fp16", batch_size=8, init_scale=2.0**10),
+            "fsdp_fp16": dict(path="fsdp", precision="fp16", batch_size=8, init_scale=2.0**10,
+                              max_grad_norm=1.0),
             "fsdp_fp16_mplab": dict(path="fsdp", precision="fp16", batch_size=8,
-                                    init_scale=2.0**10, scaler="mplab"),
+                                    init_scale=2.0**10, scaler="mplab", max_grad_norm=1.0),
             "fsdp_bf16_reduce": dict(path="fsdp", precision="bf16", batch_size=8,
                                      reduce_dtype="bf16", steps=2),
             "ddp_fp32": dict(path="torch", precision="fp32", batch_size=8),
@@ -88,6 +89,8 @@ def test_the_sharded_scalers_agree_bit_for_bit(two):
     torch_s, mplab_s = two["fsdp_fp16"], two["fsdp_fp16_mplab"]
     assert torch_s.losses == mplab_s.losses
     assert torch_s.scales == mplab_s.scales and torch_s.skipped_steps == mplab_s.skipped_steps
+    # clipped by the norm over both ranks' shards, after unscaling
+    assert len(torch_s.grad_norms) == STEPS and torch_s.grad_norms == mplab_s.grad_norms
     assert torch_s.compute_dtype == torch.float16
 
 
