@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of mplab in one command, for a session with a CUDA GPU (at most 5 minutes:
-# each step has a time limit, and the limits add up to 330 s):
+# each step has a time limit, and the limits add up to 290 s):
 #   bash benchmarks/gpu_check.sh            # results in $OUT, else ./gpu_results
 # Each step's output goes to its own log and its exit code to steps.txt; a failing step does
 # not stop the others. The bench runs first: its record, bench_<gpu>_<date>.json (the same as
@@ -29,6 +29,4 @@ step bench_lesson 30 python -m mplab.bench --device cuda --lesson --json "$RESUL
 step pytest_cuda 45 python -m pytest -q -k cuda tests
 step lab_cuda 40 python benchmarks/lab_check.py --device cuda --json "$RESULTS/lab_cuda.json"
 step bench_train 50 python benchmarks/bench_train.py --device cuda --steps 20 --rounds 2 --parity-steps 100 --cuda-steps 20
-# lesson 8's FSDP2 path on one GPU (NCCL, a group of one): the policy's dtypes, the bytes held
-step fsdp_cuda 40 python -m mplab.train --path fsdp --precision bf16 --device cuda --steps 20 --model lesson-pretrained --json "$RESULTS/fsdp_cuda.json"
 echo "results in $RESULTS:"; cat "$RESULTS/steps.txt"
