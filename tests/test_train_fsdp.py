@@ -209,3 +209,10 @@ def test_what_accelerate_and_the_trainer_build_when_asked_for_fsdp(tmp_path):
     assert [(b["distributed_type"], b["sharded"]) for b in built] == [expected] * 2, built
     if not gpu:
         assert [b["wrapper"] for b in built] == ["DistributedDataParallel"] * 2
+
+
+def test_a_comm_hook_in_one_process_is_said_to_be_unused():
+    result = train(path="torch", precision="fp32", steps=1, batch_size=8, comm_hook="bf16",
+                   **QUICK)
+    assert any("comm_hook='bf16' is unused" in w for w in result.warnings)
+    assert result.ranks == []  # nothing crossed processes
