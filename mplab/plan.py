@@ -123,7 +123,7 @@ def table(parameters: list[float], world_sizes: list[int], policy: str = "bf16_m
     rows = []
     for n in parameters:
         for w in world_sizes:
-            m = memory(n, policy, w, "none" if w == 1 and sharding == "none" else sharding)
+            m = memory(n, policy, w, sharding)
             rows.append({"parameters": f"{n / 1e9:g}B", "ranks": w,
                          "GB per GPU": round(m.gb_per_rank, 2),
                          f"fits {gpu_gb:g} GB": "yes" if m.fits(gpu_gb) else "no"})
