@@ -17,9 +17,10 @@ def _cell(v) -> str:
 class Table:
     """Rows of dicts with the same keys; `rows` stays plain data for code and tests."""
 
-    def __init__(self, rows: list[dict], title: str = ""):
+    def __init__(self, rows: list[dict], title: str = "", note: str = ""):
         self.rows = list(rows)
         self.title = title
+        self.note = note  # what the rows say, in words, shown under them
 
     @property
     def columns(self) -> list[str]:
@@ -44,7 +45,7 @@ class Table:
         line = "  ".join(c.ljust(w) for c, w in zip(cols, widths))
         out = ([self.title] if self.title else []) + [line, "-" * len(line)]
         out += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-        return "\n".join(out)
+        return "\n".join(out + ([self.note] if self.note else []))
 
     __repr__ = __str__
 
@@ -54,4 +55,6 @@ class Table:
             "<tr>" + "".join(f"<td>{html.escape(_cell(r[c]))}</td>" for c in self.columns) + "</tr>"
             for r in self.rows)
         caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
-        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        note = f"<p>{html.escape(self.note)}</p>" if self.note else ""
+        return (f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                + note)

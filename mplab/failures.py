@@ -209,6 +209,29 @@ def running_sum(values, precision="bf16") -> RunningSum:
                       math.fsum(v.double().tolist()), partial, stalled)
 
 
+def sum_across_ranks(ranks, precision="bf16", size: int = 4096, seed: int = 0) -> Table:
+    """Gradients summed across ranks (lesson 8's reduce_dtype), modelled: for each number of
+    ranks, `size` random gradients per rank summed one rank at a time into an accumulator of
+    the format (each addition in fp32, then rounded, as a ring reduce adds at each hop), and
+    into fp32; each sum's relative error against the exact one (float64)."""
+    dtype = storage_format(precision).dtype()
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in ranks:
+        grads = torch.randn(n, size, generator=generator, dtype=torch.float64) * 1e-3
+        exact = grads.sum(0)
+        low, high = torch.zeros(size, dtype=dtype), torch.zeros(size)
+        for g in grads:
+            low = (low.float() + g.to(dtype).float()).to(dtype)
+            high = high + g.float()
+        error = {name: (torch.linalg.vector_norm(s.double() - exact)
+                        / torch.linalg.vector_norm(exact)).item()
+                 for name, s in ((precision, low), ("fp32", high))}
+        rows.append({"ranks": n, f"{precision} sum, rel. error": error[precision],
+                     "fp32 sum, rel. error": error["fp32"]})
+    return Table(rows, title=f"{size} gradients summed across ranks, one rank at a time")
+
+
 # --- overflow: an activation outgrows fp16 -----------------------------------------------------
 
 @dataclass(frozen=True)

@@ -50,6 +50,14 @@ def lesson_tokenizer(path: str | Path = LESSON_TOKENIZER):
     return AutoTokenizer.from_pretrained(str(path))
 
 
+def model_classes():
+    """The lesson model's classes; importing them is most of what a fresh process starts with
+    (mplab.train.launch imports them once before it forks the ranks)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    return BertConfig, BertForSequenceClassification
+
+
 def lesson_model(num_labels: int = 2, seed: int = 0, *, pretrained: bool = False,
                  **config_overrides):
     """A small BertForSequenceClassification with random weights drawn from `seed`.
@@ -62,8 +70,7 @@ def lesson_model(num_labels: int = 2, seed: int = 0, *, pretrained: bool = False
     trained on the lesson reviews, with a pooler and head drawn from `seed`: its loss starts
     at ln 2, as a fresh head's does, and falls within tens of steps. Its shape is fixed.
     """
-    from transformers import BertConfig, BertForSequenceClassification
-
+    BertConfig, BertForSequenceClassification = model_classes()
     if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
         raise ValueError(f"num_labels must be a positive integer, got {num_labels!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):

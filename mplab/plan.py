@@ -147,3 +147,17 @@ DIFFERENCES = (
     "A run pads each uneven shard to whole rows (FSDP2 splits dim 0 into N equal parts), so "
     "a rank holds a little more than parameters x bytes / N.",
 )
+
+
+def playbook_table() -> Table:
+    """The Playbook's one-GPU table beside mplab's `bf16_master` and `bf16_fp32_grads`."""
+    rows = [{"parameters": f"{n / 1e9:g}B", "Playbook, bf16": book[0],
+             "mplab bf16_master": memory(n, "bf16_master").gb_per_rank,
+             "Playbook, bf16 + fp32 grad acc": book[1],
+             "mplab bf16_fp32_grads": memory(n, "bf16_fp32_grads").gb_per_rank}
+            for n, book in PLAYBOOK.items()]
+    same = all(r["Playbook, bf16"] == r["mplab bf16_master"] and
+               r["Playbook, bf16 + fp32 grad acc"] == r["mplab bf16_fp32_grads"] for r in rows)
+    return Table(rows, title="GB on one GPU, no sharding: the Ultra-Scale Playbook and mplab",
+                 note="mplab's figures are the Playbook's." if same else
+                 "mplab and the Playbook differ: see plan.DIFFERENCES.")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from mplab import models
+from mplab._display import Table
 
 
 def _built(distributed_type, model: torch.nn.Module, asked: str) -> dict:
@@ -69,3 +70,14 @@ def trainer_fsdp(output_dir: str) -> dict:
 def both(output_dir: str) -> list[dict]:
     """What each library built, Accelerate's then the Trainer's, in one torchrun job."""
     return [accelerate_fsdp(), trainer_fsdp(output_dir)]
+
+
+def built_table(built: list[dict]) -> Table:
+    """What `both` found, as a table; `note` says whether anything was sharded."""
+    unsharded = [b for b in built if not b["sharded"]]
+    note = ("Both sharded the model." if not unsharded else
+            "Not sharded: " + "; ".join(f"{b['asked']} built {b['wrapper']} "
+                                        f"({b['distributed_type']})" for b in unsharded)
+            + ", without a word: every rank holds the whole model. mplab's path='fsdp' calls "
+              "fully_shard itself, so it shards on these processes too.")
+    return Table(built, title="what each library built when asked for FSDP2", note=note)

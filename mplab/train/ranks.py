@@ -212,6 +212,12 @@ def overflow_on_one_rank(scaler: str = "torch", rank_with_inf: int = 1) -> list[
 
 
 
+def collectives_table(report: dict) -> Table:
+    """One rank's collectives in step 1 (a `TrainResult.ranks` entry): op, dtype, calls,
+    bytes."""
+    return Table(report["collectives"], title=f"rank {report['rank']}'s collectives in step 1")
+
+
 def ranks_table(reports: list[dict]) -> Table:
     """The audit across ranks, one row per rank (`TrainResult.ranks`): how much of the model
     its shards hold and in which dtype, the dtypes its parameters were all-gathered in and
@@ -234,3 +240,111 @@ def ranks_table(reports: list[dict]) -> Table:
             "optimizer states": ", ".join(report["optimizer_state_dtypes"]) or "-",
             "held MiB": round(report["held_bytes"]["total"] / 2**20, 3)})
     return Table(rows, title="each rank after step 1: its shard, and the dtypes it sent in")
+
+
+# --- lesson 8's readings of several runs ------------------------------------------------------
+
+def _sent(result, op: str) -> list[dict]:
+    return [c for c in result.ranks[0]["collectives"] if c["op"] == op] if result.ranks else []
+
+
+def _median_step(result) -> float:
+    times = result.step_seconds[1:] or result.step_seconds  # step 1 also builds and watches
+    return sorted(times)[len(times) // 2]
+
+
+def allreduce_table(runs: dict, baseline: str) -> Table:
+    """DDP runs side by side (name -> TrainResult, or the error a run raised): the dtype and
+    bytes rank 0's all-reduce sent in step 1, the step time and last loss against `baseline`'s,
+    and in `note` what that says on this machine."""
+    base = runs[baseline]
+    rows, refused = [], []
+    for name, r in runs.items():
+        if isinstance(r, dict):  # a run the backend refused, as raised
+            refused.append(f"{name}: {r.get('error')}: {r.get('message')}")
+            continue
+        sent = _sent(r, "all_reduce")
+        total = sum(c["bytes"] for c in sent)
+        drift = (r.losses[-1] - base.losses[-1]) / base.losses[-1]
+        rows.append({"run": name, "all-reduce dtype": ", ".join(c["dtype"] for c in sent) or "-",
+                     "bytes sent per step": total, "bytes per parameter": total / r.parameters,
+                     "step time vs " + baseline: _median_step(r) / _median_step(base),
+                     "last loss": r.losses[-1],
+                     "loss vs " + baseline: f"{drift:+.3%}"})
+    most = max(row["bytes sent per step"] for row in rows)
+    words = []
+    for row in rows:
+        if row["bytes sent per step"] < most:
+            ratio = row["step time vs " + baseline]
+            words.append(f"{row['run']} sent {row['bytes sent per step'] / most:.0%} of the "
+                         f"bytes in {ratio:.2f}x the step time.")
+    if len(words) and all(row["step time vs " + baseline] > 0.95 for row in rows
+                          if row["bytes sent per step"] < most):
+        words.append("Fewer bytes did not make a step faster here: between processes on one "
+                     "machine the all-reduce is a small part of a step, and each cast costs "
+                     "time. The hooks are for runs whose step waits on the network.")
+    words.append("Refused: " + "; ".join(refused) if refused else
+                 "The backend took every dtype asked of it.")
+    return Table(rows, title=f"DDP on {base.world_size} processes: rank 0's all-reduce in "
+                             f"step 1, {base.parameters:,} parameters", note=" ".join(words))
+
+
+def agreement_table(by_count: dict) -> Table:
+    """The same run's loss per step on 1, 2, ... processes ({processes: TrainResult}), and in
+    `note` the largest relative difference between any two."""
+    results = list(by_count.values())
+    steps = min(len(r.losses) for r in results)
+    rows = [{"step": i + 1, **{f"{n} process{'es' * (n > 1)}": r.losses[i]
+                               for n, r in by_count.items()}} for i in range(steps)]
+    worst = max(abs(a.losses[i] - b.losses[i]) / abs(b.losses[i]) for i in range(steps)
+                for a in results for b in results if b.losses[i])
+    note = (f"The largest difference between any two, over {steps} steps: {worst:.2g} of the "
+            "loss, " + ("fp32's rounding of the same sums taken in another order."
+                        if worst < 1e-4 else "more than a different order of additions "
+                        "explains: the runs did not see the same batches or weights."))
+    return Table(rows, title="the same run's loss per step, by the number of processes",
+                 note=note)
+
+
+def held_table(runs: list[tuple[str, int, object]], policy: str = "amp") -> Table:
+    """What every rank of each run held after step 1 (`held_bytes`) against
+    `mplab.plan.memory(parameters, policy, processes, sharding)`: runs are (sharding,
+    processes, TrainResult). `note` says which ranks held more than the plan, and why."""
+    from mplab import plan
+
+    rows, padded = [], []
+    for sharding, n, r in runs:
+        planned = plan.memory(r.parameters, policy, n, "none" if n == 1 else sharding)
+        for report in r.ranks:
+            held = report["held_bytes"]
+            rows.append({"run": f"{sharding}, {n} process{'es' * (n > 1)}",
+                         "rank": report["rank"], "weights": held["weights"],
+                         "gradients": held["gradients"], "optimizer": held["optimizer"],
+                         "held": held["total"], "planned": round(planned.held),
+                         "off by": f"{(held['total'] - planned.held) / planned.held:+.2%}"})
+            if held["weights"] > planned.weights:
+                padded.append((f"{sharding} at {n}", held["weights"] - planned.weights))
+    note = "Every rank holds what the plan says." if not padded else (
+        "Above the plan: " + ", ".join(f"{where} (+{extra:,.0f} B of weights)"
+                                       for where, extra in dict(padded).items())
+        + ". FSDP2 splits each parameter's first dimension into equal parts, padding the last "
+        "up to a whole row per rank: every shard's weights and gradients are stored at the "
+        "padded size, while AdamW's states follow the rows a rank really has, so the last "
+        "ranks hold less.")
+    return Table(rows, title=f"bytes each rank held after step 1, against plan.memory(..., "
+                             f"{policy!r})", note=note)
+
+
+def overflow_table(results: dict) -> Table:
+    """`overflow_on_one_rank` per scaler ({scaler: every rank's report}), and in `note` which
+    scalers let the ranks part."""
+    rows = [{"scaler": scaler, "rank": r["rank"], "inf in its shard": r["inf_here"],
+             "stepped": r["stepped"], "scale after": r["scale"]}
+            for scaler, reports in results.items() for r in reports]
+    parted = [s for s, reports in results.items()
+              if len({(r["stepped"], r["scale"]) for r in reports}) > 1]
+    kept = [s for s in results if s not in parted]
+    note = (f"Skipped on every rank: {', '.join(kept) or 'none'}. " + (
+        f"Parted: {', '.join(parted)}: one rank stepped while the other skipped, and from "
+        "here their weights and scales differ." if parted else "No scaler let the ranks part."))
+    return Table(rows, title="one fp16 FSDP2 step with an inf on one rank only", note=note)

@@ -331,7 +331,12 @@ class Run:
 
     def evaluate(self) -> float:
         """Test accuracy, with the model called as in training (mask policy, autocast)."""
-        return accuracy(self.model, self.test_data, self.config, self.device, self.autocast)
+        found = accuracy(self.model, self.test_data, self.config, self.device, self.autocast)
+        if hasattr(self.model, "reshard"):
+            # FSDP2 leaves the root's weights gathered (in param_dtype) after a forward with no
+            # backward: back to the fp32 shards, which the audit and a checkpoint read
+            self.model.reshard()
+        return found
 
     def warn(self, message: str) -> None:
         """A note for the learner: kept in the result, and a TrainWarning on rank 0."""
