@@ -140,3 +140,16 @@ def test_inf_arithmetic_is_torchs_in_the_format(precision):
         assert math.isnan(rows[op]), op
     with pytest.raises(ValueError, match="accepted: 'fp16'"):
         X.inf_arithmetic("fp8_e4m3")
+
+
+def test_a_sum_across_ranks_in_bf16_loses_more_as_the_ranks_grow():
+    rows = X.sum_across_ranks([1, 2, 16, 256], "bf16", size=1024).rows
+    bf16 = [r["bf16 sum, rel. error"] for r in rows]
+    assert bf16 == sorted(bf16) and bf16[-1] > 4 * bf16[1]
+    # one rank is torch's cast of its gradients to bf16, and nothing else
+    g = torch.randn(1, 1024, generator=torch.Generator().manual_seed(0),
+                    dtype=torch.float64) * 1e-3
+    cast = (torch.linalg.vector_norm(g[0].to(torch.bfloat16).double() - g[0])
+            / torch.linalg.vector_norm(g[0])).item()
+    assert bf16[0] == pytest.approx(cast, rel=1e-6)
+    assert all(r["fp32 sum, rel. error"] < 1e-6 for r in rows)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mplab import plan
+from mplab.exercises import lesson8
 from mplab.train import TrainConfig, train
 from mplab.train.launch import run_across, train_across
 
@@ -18,8 +19,9 @@ STEPS = 20
 
 
 @pytest.fixture(scope="module")
-def two():
-    """One torchrun of 2 processes for every job: processes start once."""
+def two(tmp_path_factory):
+    """One start of 2 processes for every job."""
+    tmp = tmp_path_factory.mktemp("trainer")
     jobs = {"fsdp_bf16": dict(path="fsdp", precision="bf16", batch_size=8),
             "fsdp_fp16": dict(path="fsdp", precision="fp16", batch_size=8, init_scale=2.0**10,
                               max_grad_norm=1.0),
@@ -30,9 +32,15 @@ def two():
             "ddp_fp32": dict(path="torch", precision="fp32", batch_size=8),
             "ddp_bf16_hook": dict(path="torch", precision="fp32", batch_size=8,
                                   comm_hook="bf16"),
-            "bad": dict(path="fsdp", reduce_dtype="fp8")}
-    results = train_across(2, *({"steps": STEPS, **QUICK, **job} for job in jobs.values()))
-    return dict(zip(jobs, results))
+            "bad": dict(path="fsdp", reduce_dtype="fp8"),
+            "fsdp_fp32": dict(path="fsdp", precision="fp32", batch_size=8, steps=5),
+            **{f"mystery_{k}": job for k, job in lesson8.MYSTERY_JOBS.items()}}
+    trains = [("mplab.train:train", {"steps": STEPS, **QUICK, **job}) for job in jobs.values()]
+    others = {f"overflow_{s}": ("mplab.train.ranks:overflow_on_one_rank", {"scaler": s})
+              for s in ("torch", "sharded", "mplab", "mplab_alone")}
+    others["libraries"] = ("mplab.train.libraries:both", {"output_dir": str(tmp)})
+    results = run_across(2, None, trains + list(others.values()))
+    return dict(zip([*jobs, *others], results))
 
 
 def _mean10(result):
@@ -127,9 +135,8 @@ def test_the_plan_is_within_5_percent_of_what_each_rank_holds(two, ranks):
     assert sum(r["held_bytes"]["weights"] for r in fsdp.ranks) >= 4 * n
 
 
-def test_one_rank_overflowing_alone():
-    jobs = [{"scaler": s} for s in ("torch", "sharded", "mplab", "mplab_alone")]
-    results = run_across(2, "mplab.train.ranks:overflow_on_one_rank", jobs)
+def test_one_rank_overflowing_alone(two):
+    results = [two[f"overflow_{s}"] for s in ("torch", "sharded", "mplab", "mplab_alone")]
     for ranks in results[:3]:  # every rank skips, every scale backs off alike
         assert [r["stepped"] for r in ranks] == [False, False]
         assert ranks[0]["scale"] == ranks[1]["scale"] == 512.0
@@ -199,11 +206,11 @@ def test_the_audit_names_a_low_precision_reduce_and_only_then(two):
     assert two["fsdp_bf16"].audit.mixed and not two["fsdp_bf16"].audit.fallbacks
 
 
-def test_what_accelerate_and_the_trainer_build_when_asked_for_fsdp(tmp_path):
+def test_what_accelerate_and_the_trainer_build_when_asked_for_fsdp(two):
     """Measured with accelerate 1.15 / transformers 5.23: on CPUs both take the FSDP settings
     without a word and build DDP (mplab's fsdp path shards there: the tests above); on GPUs
     they shard. When a release changes that, this fails, and lesson 8's words change with it."""
-    built = run_across(2, "mplab.train.libraries:both", [{"output_dir": str(tmp_path)}])[0]
+    built = two["libraries"]
     gpu = torch.cuda.is_available()
     expected = ("FSDP", True) if gpu else ("MULTI_CPU", False)
     assert [(b["distributed_type"], b["sharded"]) for b in built] == [expected] * 2, built
@@ -216,3 +223,119 @@ def test_a_comm_hook_in_one_process_is_said_to_be_unused():
                    **QUICK)
     assert any("comm_hook='bf16' is unused" in w for w in result.warnings)
     assert result.ranks == []  # nothing crossed processes
+
+
+def test_the_mystery_runs_of_exercise_8_3_show_what_their_letters_say(two):
+    from mplab.train.ranks import ranks_table
+
+    x, y = (ranks_table(two[f"mystery_{k}"].ranks).rows for k in "XY")
+    # X: FSDP2 (each rank a share), gathered and reduced in bf16 -> "e"
+    assert [r["share of the weights"] for r in x] == ["50.0%", "50.0%"]
+    assert {(r["all-gathered in"], r["reduced in"]) for r in x} == {("bfloat16", "bfloat16")}
+    # Y: DDP (everything on each rank), all-reduced in fp16 -> "c"
+    assert {(r["share of the weights"], r["all-gathered in"], r["reduced in"]) for r in y} == {
+        ("100.0%", "-", "float16")}
+    assert lesson8.MYSTERY == {"X": "e", "Y": "c"}
+    assert two["mystery_X"].audit.has("low_precision_reduce")
+
+
+def test_the_all_reduce_reading_counts_bytes_and_says_what_the_backend_refused(two):
+    from mplab.train.ranks import allreduce_table
+
+    runs = {"fp32": two["ddp_fp32"], "bf16 hook": two["ddp_bf16_hook"]}
+    table = allreduce_table(runs, baseline="fp32")
+    assert [(r["all-reduce dtype"], r["bytes per parameter"]) for r in table.rows] == [
+        ("float32", 4.0), ("bfloat16", 2.0)]
+    assert table.rows[0]["step time vs fp32"] == 1.0 and table.rows[0]["loss vs fp32"] == "+0.000%"
+    assert "bf16 hook sent 50% of the bytes" in table.note
+    assert "took every dtype" in table.note
+    refused = allreduce_table({**runs, "fp8": two["bad"]}, baseline="fp32")
+    assert len(refused.rows) == 2 and "Refused: fp8: ValueError" in refused.note
+
+
+def test_the_same_run_on_one_and_two_processes_agrees_to_fp32_rounding(two):
+    from mplab.train.ranks import agreement_table
+
+    alone = train(path="fsdp", precision="fp32", steps=5, batch_size=16, **QUICK)
+    table = agreement_table({1: alone, 2: two["fsdp_fp32"]})
+    assert [r["step"] for r in table.rows] == [1, 2, 3, 4, 5]
+    for row in table.rows:
+        assert row["2 processes"] == pytest.approx(row["1 process"], rel=1e-5)
+    assert "rounding of the same sums" in table.note
+    apart = agreement_table({1: alone, 2: two["fsdp_bf16"]})  # another run altogether
+    assert "did not see the same" in apart.note
+
+
+def test_the_bytes_reading_puts_each_rank_against_the_plan_and_names_the_padding(two):
+    from mplab.train.ranks import held_table
+
+    fsdp, ddp = two["fsdp_bf16"], two["ddp_fp32"]
+    table = held_table([("fsdp", 2, fsdp), ("ddp", 2, ddp)])
+    assert [(r["run"], r["rank"]) for r in table.rows] == [
+        ("fsdp, 2 processes", 0), ("fsdp, 2 processes", 1), ("ddp, 2 processes", 0),
+        ("ddp, 2 processes", 1)]
+    assert table.rows[0]["held"] == fsdp.ranks[0]["held_bytes"]["total"]
+    assert table.rows[2]["planned"] == 16 * ddp.parameters and table.rows[2]["off by"] == "+0.00%"
+    padding = sum(r["held_bytes"]["weights"] for r in fsdp.ranks) - 4 * fsdp.parameters
+    assert padding > 0 and "fsdp at 2" in table.note and "padding" in table.note
+
+
+def test_the_overflow_and_library_readings_say_who_parted_and_what_was_built(two):
+    from mplab.train.libraries import built_table
+    from mplab.train.ranks import collectives_table, overflow_table
+
+    table = overflow_table({s: two[f"overflow_{s}"] for s in ("torch", "mplab_alone")})
+    assert len(table.rows) == 4
+    assert "Skipped on every rank: torch." in table.note and "Parted: mplab_alone" in table.note
+    built = built_table(two["libraries"])
+    assert built.rows == two["libraries"]
+    if not torch.cuda.is_available():
+        assert built.note.startswith("Not sharded") and "DistributedDataParallel" in built.note
+    report = two["fsdp_bf16"].ranks[0]
+    assert collectives_table(report).rows == report["collectives"]
+
+
+def test_an_fsdp_runs_audit_reads_the_fp32_shards_after_the_evaluation(two):
+    # the evaluation's forward leaves the root's weights gathered in bf16 until resharded
+    fsdp = two["fsdp_bf16"]
+    assert fsdp.eval_accuracy is not None
+    assert fsdp.audit.param_dtypes == {"float32": fsdp.parameters}
+
+
+def test_a_launch_runs_in_the_background_and_each_job_may_name_its_function():
+    from mplab.train.launch import start_across
+
+    launch = start_across(2, "math:hypot", [{}, ("json:dumps", {"obj": [1, 2]}),
+                                            ("no_such_module:f", {})])
+    assert launch.running  # start_across returned before the processes finished
+    plain, pair, missing = launch.results()
+    assert plain == 0.0 and pair == "[1, 2]" and missing["error"] == "ModuleNotFoundError"
+    assert not launch.running and launch.results() == [plain, pair, missing]
+
+
+def test_a_launch_that_runs_too_long_is_stopped_with_every_rank():
+    import subprocess
+
+    from mplab.train.launch import start_across
+
+    launch = start_across(2, "time:sleep", [{"secs": 120}], timeout=2)
+    with pytest.raises(TimeoutError, match="did not finish in 2 s"):
+        launch.results()
+    with pytest.raises(TimeoutError):  # asked again, it says the same
+        launch.results()
+    left = subprocess.run(["pgrep", "-f", "mplab.train.launch --nproc"], capture_output=True,
+                          text=True).stdout.split()
+    assert left == []
+
+
+@pytest.mark.parametrize("bad, words", [
+    (dict(nproc=0), "nproc must be an integer from 1 to 16"),
+    (dict(function="math.sqrt"), "function must be 'module:name'"),
+    (dict(jobs=[5]), "each job must be a dict"),
+])
+def test_a_launch_refuses_what_it_cannot_start(bad, words):
+    from mplab.train.launch import start_across
+
+    settings = {"nproc": 2, "function": "math:sqrt", "jobs": [{"x": 4}], **bad}
+    with pytest.raises(ValueError, match=words):
+        start_across(**settings)

@@ -138,12 +138,12 @@ def _check_8_4(answer, parameters: int) -> str | None:
     per_parameter = got / parameters * RANKS_8_4
     near = {16 * RANKS_8_4: "That is what one rank holds unsharded (DDP): FSDP divides the "
                             "weights, the gradients and the optimizer states by the ranks.",
-            12: "The optimizer: AdamW keeps two fp32 states per parameter (exp_avg and "
-                "exp_avg_sq), 8 bytes.",
-            8: "Under this policy the stored shards are fp32 (the master): the bf16 copy is "
-               "gathered for the forward and backward and let go.",
+            12: "12 bytes per parameter: either one of AdamW's two fp32 states (exp_avg, "
+                "exp_avg_sq) is missing, or the shard and its gradient were counted in bf16; "
+                "under this policy both are fp32.",
             18: "The bf16 copy is gathered for a block's forward and backward and freed: it is "
                 "not among what a rank holds between steps.",
+            8: "Count the shard, its gradient and AdamW's two states, each at 4 bytes (fp32).",
             4: "Count the gradients and the two AdamW states too, not only the weights."}
     for bytes_, why in near.items():
         if abs(per_parameter - bytes_) / bytes_ < 0.05:
