@@ -474,3 +474,4 @@ def test_running_a_failure_and_its_fix_in_the_failure_lab_in_jupyterlab(workbook
         assert verdict.inner_text() == eval(said)
         assert panel.locator(".mplab-lab-run-button").is_enabled()
         panel.screenshot(path=str(tmp_path / "failure-lab-lab.png"))
+

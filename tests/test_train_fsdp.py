@@ -277,7 +277,9 @@ def test_the_bytes_reading_puts_each_rank_against_the_plan_and_names_the_padding
     assert table.rows[0]["held"] == fsdp.ranks[0]["held_bytes"]["total"]
     assert table.rows[2]["planned"] == 16 * ddp.parameters and table.rows[2]["off by"] == "+0.00%"
     padding = sum(r["held_bytes"]["weights"] for r in fsdp.ranks) - 4 * fsdp.parameters
-    assert padding > 0 and "fsdp at 2" in table.note and "padding" in table.note
+    assert padding > 0 and "fsdp at 2, rank 0" in table.note and "padding" in table.note
+    assert "not in .held" in table.note  # DDP's buckets: planned in .peak
+    assert "not in .held" not in held_table([("fsdp", 2, fsdp)]).note
 
 
 def test_the_overflow_and_library_readings_say_who_parted_and_what_was_built(two):
@@ -287,6 +289,7 @@ def test_the_overflow_and_library_readings_say_who_parted_and_what_was_built(two
     table = overflow_table({s: two[f"overflow_{s}"] for s in ("torch", "mplab_alone")})
     assert len(table.rows) == 4
     assert "Skipped on every rank: torch." in table.note and "Parted: mplab_alone" in table.note
+    assert "DTensor" in table.note  # why the plain scaler held under FSDP2
     built = built_table(two["libraries"])
     assert built.rows == two["libraries"]
     if not torch.cuda.is_available():

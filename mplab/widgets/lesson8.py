@@ -51,6 +51,9 @@ class Planner(StaticView, widgets.VBox):
         self.message = widgets.HTML()
         for control in (self.parameters, self.ranks, self.policy, self.sharding, self.gpu):
             control.observe(lambda change: self._update(), names="value")
+        for name in ("parameters", "ranks", "policy", "sharding", "gpu", "view", "message"):
+            getattr(self, name).add_class(f"mplab-planner-{name}")  # for the browser test
+        self.add_class("mplab-planner")
         self.children = [widgets.HBox([self.parameters, self.ranks]),
                          widgets.HBox([self.policy, self.sharding, self.gpu]),
                          self.view, self.message]
