@@ -39,6 +39,8 @@ SHARDINGS = {"none": (), "ddp": (), "zero1": ("master", "optimizer"),
              "zero2": ("master", "optimizer", "gradients"),
              "zero3": ("master", "optimizer", "gradients", "weights"),
              "fsdp": ("master", "optimizer", "gradients", "weights")}
+#: The GPU counts the planner offers (powers of two, as clusters are built).
+RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 GB = 1e9  # the Playbook's and the GPU makers' unit: an "80 GB" H100 holds 80e9 bytes
 
 

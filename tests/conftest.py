@@ -77,6 +77,11 @@ def notebook_names(xid: str) -> dict:
         from mplab import hardware  # lesson 7 imports it for the benchmark's header
 
         names["hardware"] = hardware
+    if xid.startswith("8."):
+        from torch.distributed.fsdp import MixedPrecisionPolicy  # lesson 8's setup imports it
+
+        names["MixedPrecisionPolicy"] = MixedPrecisionPolicy
+        names["parameters"] = lesson_of(xid)._lesson_parameters()  # printed before 8.4
     return names
 
 

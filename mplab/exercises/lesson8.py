@@ -22,7 +22,7 @@ from mplab.exercises import (
     in_order,
     multiple_choice,
 )
-from mplab.widgets.lesson8 import RANKS
+from mplab.plan import RANKS
 
 # --- 8.1 the policy ---------------------------------------------------------------------------
 

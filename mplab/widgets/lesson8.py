@@ -14,7 +14,7 @@ from mplab import plan
 from mplab._display import Table
 from mplab.widgets._common import StaticView, guarded
 
-RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+RANKS = plan.RANKS
 GPUS = {"80 GB (A100 / H100)": 80, "141 GB (H200)": 141, "24 GB": 24}
 COLOURS = {"weights": "#4c72b0", "gradients": "#dd8452", "master": "#55a868",
            "optimizer": "#c44e52", "transient": "#8172b3", "buckets": "#937860"}
