@@ -50,7 +50,7 @@ def test_8_3_the_mystery_runs_are_named_by_letter_and_checked():
     assert "dtype's name" in message("8.3", {"X": "e", "Y": "b"})
     assert "reduced in" in message("8.3", {"X": "d", "Y": "c"})
     assert "each of the runs" in message("8.3", {"X": "e"})
-    assert "one of the letters" in message("8.3", {"X": "z", "Y": "c"})
+    assert "Answer with one letter" in message("8.3", {"X": "z", "Y": "c"})
     assert "Give a dict" in message("8.3", "e")
     # the jobs are what the letters say (tests/test_train_fsdp.py reads their audits)
     assert ex.MYSTERY_JOBS["X"]["reduce_dtype"] == "bf16" and ex.MYSTERY == {"X": "e", "Y": "c"}

@@ -21,6 +21,7 @@ from mplab.exercises import (
     choice_list,
     in_order,
     multiple_choice,
+    one_letter,
 )
 from mplab.plan import RANKS
 
@@ -110,11 +111,7 @@ def _check_8_3(answer) -> str | None:
     if set(keys) != set(MYSTERY):
         return f"Name a letter for each of the runs {sorted(MYSTERY)} (got {sorted(keys)})."
     for run in sorted(MYSTERY):
-        letter = keys[run]
-        if not isinstance(letter, str) or letter.strip().lower() not in CHOICES_8_3:
-            raise Incorrect(f"Run {run}: answer with one of the letters "
-                            + ", ".join(f'"{k}"' for k in CHOICES_8_3) + f"; got {letter!r:.40}.")
-        letter = letter.strip().lower()
+        letter = one_letter(keys[run], CHOICES_8_3)
         if letter != MYSTERY[run]:
             return (f"Run {run} is not ({letter}). Read its rows: how much of the weights each "
                     "rank stores says DDP or FSDP, and the dtypes sent say the rest. "
