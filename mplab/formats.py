@@ -27,25 +27,30 @@ import math
 import numbers
 import struct
 from dataclasses import dataclass
-from decimal import Decimal
 from fractions import Fraction
 
 import torch
 
+from mplab.parse import exact_value, parse_number, read_number, to_float
+
 __all__ = [
     "FloatFormat", "FORMATS", "get_format", "dtype_of", "parse_number", "exact_value",
     "from_bits", "to_bits", "round_to", "field_bits", "kind_of", "ulp", "next_up", "next_down",
-    "E4M3_NAN_ON_OVERFLOW", "floor_log2",
+    "E4M3_NAN_ON_OVERFLOW", "floor_log2", "LOW_BIT_FORMATS", "ALL_FORMATS",
 ]
 
 
 @dataclass(frozen=True)
 class FloatFormat:
-    """A binary float format: 1 sign bit, `exp_bits` exponent bits, `man_bits` mantissa bits.
+    """A binary float format: a sign bit (unless `signed` is False), `exp_bits` exponent bits,
+    `man_bits` mantissa bits.
 
-    `nan` is "ieee" (exponent all ones: mantissa 0 is inf, anything else NaN) or "fn" (finite
-    only: the single NaN is exponent and mantissa all ones, the rest of that binade is finite).
-    `overflow` says what a cast does past the largest finite value: "inf", "saturate" or "nan".
+    `nan` says where the specials are: "ieee" (exponent all ones: mantissa 0 is inf, anything
+    else NaN), "fn" (finite only: the one NaN is exponent and mantissa all ones, the rest of that
+    binade is finite), "fnuz" (finite, no negative zero: the pattern of -0 is the one NaN) or
+    "none" (every pattern a number: fp4 and fp6). `overflow` says what a cast does past the
+    largest finite value: "inf", "saturate" or "nan". `subnormals=False` makes exponent field 0
+    an ordinary binade (e8m0, whose smallest value is 2^-127 and which has no zero).
     """
 
     name: str
@@ -56,11 +61,13 @@ class FloatFormat:
     overflow: str = "inf"
     torch_dtype: str | None = None
     title: str = ""
+    signed: bool = True
+    subnormals: bool = True
 
     # --- layout -----------------------------------------------------------------------------
     @property
     def bits(self) -> int:
-        return 1 + self.exp_bits + self.man_bits
+        return self.signed + self.exp_bits + self.man_bits
 
     @property
     def has_inf(self) -> bool:
@@ -69,13 +76,15 @@ class FloatFormat:
     @property
     def emin(self) -> int:
         """Exponent of the smallest normal binade (also the subnormals' scale)."""
-        return 1 - self.bias
+        return (1 if self.subnormals else 0) - self.bias
 
     @property
     def max_exp_field(self) -> int:
         """Largest exponent field that holds finite numbers."""
         all_ones = (1 << self.exp_bits) - 1
-        return all_ones - 1 if self.nan == "ieee" else all_ones
+        # e8m0 ("fn" with no mantissa): the all-ones binade is only its NaN
+        return all_ones - 1 if self.nan == "ieee" or (self.nan == "fn" and not self.man_bits) \
+            else all_ones
 
     @property
     def emax(self) -> int:
@@ -84,7 +93,7 @@ class FloatFormat:
     @property
     def max_man_at_emax(self) -> int:
         all_ones = (1 << self.man_bits) - 1
-        return all_ones if self.nan == "ieee" else all_ones - 1
+        return all_ones - 1 if self.nan == "fn" and self.man_bits else all_ones
 
     # --- exact landmarks (Fractions) ---------------------------------------------------------
     @property
@@ -98,7 +107,8 @@ class FloatFormat:
 
     @property
     def min_subnormal(self) -> Fraction:
-        return _pow2(self.emin - self.man_bits)
+        """The smallest positive value (the smallest normal where there are no subnormals)."""
+        return _pow2(self.emin - (self.man_bits if self.subnormals else 0))
 
     @property
     def eps(self) -> Fraction:
@@ -111,7 +121,8 @@ class FloatFormat:
         return (self.man_bits + 1) * math.log10(2)
 
     def dtype(self) -> torch.dtype | None:
-        """The torch storage dtype, or None (tf32 is a matmul mode, not a dtype)."""
+        """The torch storage dtype, or None (tf32 is a matmul mode, not a dtype; torch keeps
+        fp4 only packed two to a byte, and fp6 not at all)."""
         return getattr(torch, self.torch_dtype) if self.torch_dtype else None
 
     def with_overflow(self, overflow: str) -> FloatFormat:
@@ -138,13 +149,43 @@ FP8_E4M3 = FloatFormat("fp8_e4m3", 4, 3, 7, nan="fn", overflow="saturate",
 FP8_E5M2 = FloatFormat("fp8_e5m2", 5, 2, 15, torch_dtype="float8_e5m2", title="OCP FP8 E5M2")
 #: e4m3 as ml_dtypes casts it: an overflow becomes NaN instead of saturating at 448.
 E4M3_NAN_ON_OVERFLOW = FP8_E4M3.with_overflow("nan")
+# Below 8 bits and the scale formats (lesson 9). Casts follow torch where torch has the dtype and
+# ml_dtypes where it has not (fp4 and fp6 saturate: the formats have no inf and no NaN).
+FP8_E4M3FNUZ = FloatFormat("fp8_e4m3fnuz", 4, 3, 8, nan="fnuz", overflow="nan",
+                           torch_dtype="float8_e4m3fnuz", title="FP8 E4M3 FNUZ (AMD MI300)")
+FP8_E5M2FNUZ = FloatFormat("fp8_e5m2fnuz", 5, 2, 16, nan="fnuz", overflow="nan",
+                           torch_dtype="float8_e5m2fnuz", title="FP8 E5M2 FNUZ (AMD MI300)")
+FP6_E3M2 = FloatFormat("fp6_e3m2", 3, 2, 3, nan="none", overflow="saturate",
+                       title="OCP MX FP6 E3M2")
+FP6_E2M3 = FloatFormat("fp6_e2m3", 2, 3, 1, nan="none", overflow="saturate",
+                       title="OCP MX FP6 E2M3")
+FP4_E2M1 = FloatFormat("fp4_e2m1", 2, 1, 1, nan="none", overflow="saturate",
+                       title="OCP MX FP4 E2M1 (MXFP4, NVFP4)")
+#: The MX block scale: a power of two, 2^-127 to 2^127, no sign, no zero; 0xFF is NaN. A cast
+#: follows torch's float8_e8m0fnu (the sign dropped, round half up); ml_dtypes differs (lesson 9).
+E8M0 = FloatFormat("e8m0", 8, 0, 127, nan="fn", overflow="nan", torch_dtype="float8_e8m0fnu",
+                   title="OCP MX E8M0 scale (torch float8_e8m0fnu)", signed=False,
+                   subnormals=False)
 
+#: The formats of the course (lessons 1-8): 32 bits down to fp8.
 FORMATS: dict[str, FloatFormat] = {f.name: f for f in (FP32, TF32, FP16, BF16, FP8_E4M3, FP8_E5M2)}
-_BY_DTYPE = {f.torch_dtype: f for f in FORMATS.values() if f.torch_dtype}
+#: Lesson 9's: fp8's AMD variants, fp6, fp4 and the MX scale.
+LOW_BIT_FORMATS: dict[str, FloatFormat] = {f.name: f for f in (
+    FP8_E4M3FNUZ, FP8_E5M2FNUZ, FP6_E3M2, FP6_E2M3, FP4_E2M1, E8M0)}
+ALL_FORMATS: dict[str, FloatFormat] = {**FORMATS, **LOW_BIT_FORMATS}
+_BY_DTYPE = {f.torch_dtype: f for f in ALL_FORMATS.values() if f.torch_dtype}
+_ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
+            "float8_e4m3fn": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
+            "float8_e5m2": "fp8_e5m2", "float8_e4m3fnuz": "fp8_e4m3fnuz",
+            "float8_e5m2fnuz": "fp8_e5m2fnuz", "fp4": "fp4_e2m1", "float4_e2m1fn": "fp4_e2m1",
+            "e2m1": "fp4_e2m1", "float6_e2m3fn": "fp6_e2m3", "float6_e3m2fn": "fp6_e3m2",
+            "e2m3": "fp6_e2m3", "e3m2": "fp6_e3m2", "float8_e8m0fnu": "e8m0", "e8m0fnu": "e8m0"}
 
 
 def get_format(precision) -> FloatFormat:
-    """A format by name ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2") or torch dtype."""
+    """A format by name ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", or one of
+    lesson 9's: "fp8_e4m3fnuz", "fp8_e5m2fnuz", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "e8m0")
+    or torch dtype."""
     if isinstance(precision, FloatFormat):
         return precision
     if isinstance(precision, torch.dtype):
@@ -155,13 +196,11 @@ def get_format(precision) -> FloatFormat:
                          "dtypes: " + ", ".join(f"torch.{d}" for d in _BY_DTYPE))
     if isinstance(precision, str):
         key = precision.strip().lower().replace("-", "_")
-        key = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
-               "float8_e4m3fn": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
-               "float8_e5m2": "fp8_e5m2"}.get(key, key)
-        if key in FORMATS:
-            return FORMATS[key]
+        key = _ALIASES.get(key, key)
+        if key in ALL_FORMATS:
+            return ALL_FORMATS[key]
     raise ValueError(f"unknown float format {precision!r}; accepted: "
-                     + ", ".join(map(repr, FORMATS)) + " or the matching torch dtypes")
+                     + ", ".join(map(repr, ALL_FORMATS)) + " or the matching torch dtypes")
 
 
 def dtype_of(precision) -> torch.dtype:
@@ -169,9 +208,10 @@ def dtype_of(precision) -> torch.dtype:
     to dtypes (its inverse is `get_format(dtype).name`). tf32 is a matmul mode, not a dtype."""
     f = get_format(precision)
     if f.torch_dtype is None:
-        raise ValueError(f"{f.name} is not a torch dtype (it is how tensor cores read fp32: "
-                         "torch.backends.cuda.matmul.allow_tf32); accepted: "
-                         + ", ".join(repr(n) for n, g in FORMATS.items() if g.torch_dtype))
+        why = ("it is how tensor cores read fp32: torch.backends.cuda.matmul.allow_tf32"
+               if f is TF32 else "torch has no unpacked dtype for it")
+        raise ValueError(f"{f.name} is not a torch dtype ({why}); accepted: "
+                         + ", ".join(repr(n) for n, g in ALL_FORMATS.items() if g.torch_dtype))
     return f.dtype()
 
 
@@ -185,77 +225,6 @@ def dtype_from_name(name: str | None) -> torch.dtype | None:
     torch has no dtype for (a record written by another torch)."""
     dtype = getattr(torch, name, None) if isinstance(name, str) else None
     return dtype if isinstance(dtype, torch.dtype) else None
-
-
-# --- turning what a learner gives into an exact value ----------------------------------------
-
-# Powers of ten or two beyond this are 0 or inf in every format; past it, skip exact bignums.
-_MAX_EXPONENT = 400
-_CONSTANTS = {"pi": math.pi, "π": math.pi, "e": math.e, "tau": math.tau}
-
-
-def parse_number(text: str) -> float | Fraction:
-    """Read a number a person typed: "0.1", "-1e-8", "65504", "1/3", "2**-24", "pi", "inf", "nan".
-
-    Decimal text and fractions come back exact (as Fractions), constants as the nearest double.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"parse_number takes text, got {type(text).__name__}")
-    s = text.strip().replace("−", "-").replace("_", "").replace(" ", "").lower()
-    sign = -1 if s.startswith("-") else 1
-    body = s.lstrip("+-") if s[:1] in "+-" else s
-    if body in _CONSTANTS:
-        return sign * _CONSTANTS[body]
-    if body in ("inf", "infinity", "∞", "nan"):
-        return sign * float(body.replace("∞", "inf"))
-    try:
-        if "**" in body or "^" in body:
-            base, _, power = body.replace("^", "**").partition("**")
-            b, k = Fraction(base), int(power)
-            if abs(k) > _MAX_EXPONENT and b not in (0, 1):  # 0 or inf: skip the bignum
-                return sign * (math.inf if (b > 1) == (k > 0) else 0.0)
-            return sign * Fraction(base) ** int(power)
-        if "/" not in body and abs(Decimal(body).adjusted()) > _MAX_EXPONENT:
-            return sign * float(body)  # 1e99999999 is inf to every format: don't build 10^99999999
-        value = Fraction(body)
-        return -0.0 if value == 0 and sign < 0 else sign * value  # keep the sign of "-0"
-    except (ValueError, ZeroDivisionError, ArithmeticError, OverflowError):
-        raise ValueError(f"could not read {text!r} as a number; try forms like 0.1, -1e-8, 1/3, "
-                         "2**-24, pi, inf or nan") from None
-
-
-def _exact(x, exact: bool):
-    """(sign, value) where value is a non-negative Fraction, math.inf or math.nan."""
-    if isinstance(x, str):
-        x = parse_number(x)
-    if isinstance(x, torch.Tensor):
-        if x.numel() != 1 or x.is_complex():
-            raise TypeError(f"expected a real number, got a tensor of shape {tuple(x.shape)} "
-                            f"and dtype {x.dtype}; pass one element, e.g. t[0].item()")
-        x = x.item()
-    if isinstance(x, bool) or not isinstance(x, numbers.Real | Decimal):
-        raise TypeError(f"expected a real number (int, float, Fraction, Decimal or numeric text), "
-                        f"got {x!r} of type {type(x).__name__}")
-    if not exact and not isinstance(x, float):
-        x = _to_float(x)  # torch sees every Python number as a double
-    if isinstance(x, Decimal) and (not x.is_finite() or abs(x.adjusted()) > _MAX_EXPONENT):
-        x = float(x)
-    if isinstance(x, float):
-        sign = math.copysign(1.0, x) < 0
-        if math.isnan(x):
-            return sign, math.nan
-        if math.isinf(x):
-            return sign, math.inf
-        return sign, Fraction(abs(x))
-    value = Fraction(x)
-    return value < 0, abs(value)
-
-
-def exact_value(x) -> tuple[bool, Fraction | float]:
-    """x exactly as mplab reads it: (whether it is negative, its magnitude). The magnitude is a
-    Fraction, or math.inf / math.nan. Text goes through :func:`parse_number`, a one-element
-    tensor through .item(); -0.0 is (True, Fraction(0)). A TypeError for anything else."""
-    return _exact(x, True)
 
 
 def floor_log2(q) -> int:
@@ -309,6 +278,12 @@ def _nan_bits(f: FloatFormat, sign: bool, fp32_mantissa: int = 1 << 22) -> int:
     """
     if f.name == "bf16":
         return 0xFFFF
+    if f.nan == "fnuz":
+        return 1 << (f.bits - 1)
+    if f.nan == "none":  # no NaN to give: ml_dtypes gives a zero, of the other sign
+        return (not sign) << (f.bits - 1)
+    if not f.signed:
+        return (1 << f.bits) - 1
     if f.man_bits <= 3:
         return (1 << (f.bits - 1)) - 1 | (sign << (f.bits - 1))
     payload = fp32_mantissa >> (FP32.man_bits - f.man_bits)
@@ -324,7 +299,9 @@ def _fp32_nan_mantissa(x) -> int:
 
 
 def _pack(f: FloatFormat, sign: bool, exp_field: int, man: int) -> int:
-    return (sign << (f.bits - 1)) | (exp_field << f.man_bits) | man
+    if f.nan == "fnuz" and exp_field == man == 0:
+        sign = False  # no -0: that pattern is the NaN
+    return (sign and f.signed) << (f.bits - 1) | (exp_field << f.man_bits) | man
 
 
 def _special_bits(f: FloatFormat, sign: bool, value, x=None) -> int:
@@ -352,17 +329,19 @@ def field_bits(bits: int, precision) -> tuple[int, int, int]:
     """(sign, exponent field, mantissa field) of a bit pattern."""
     f = get_format(precision)
     bits = _check_bits(bits, f)
-    return (bits >> (f.bits - 1), (bits >> f.man_bits) & ((1 << f.exp_bits) - 1),
-            bits & ((1 << f.man_bits) - 1))
+    return (bits >> (f.bits - 1) if f.signed else 0,
+            (bits >> f.man_bits) & ((1 << f.exp_bits) - 1), bits & ((1 << f.man_bits) - 1))
 
 
-def _kind(f: FloatFormat, exp_field: int, man: int) -> str:
+def _kind(f: FloatFormat, exp_field: int, man: int, sign: int = 0) -> str:
     top = (1 << f.exp_bits) - 1
+    if f.nan == "fnuz" and sign and exp_field == man == 0:
+        return "nan"
     if f.nan == "ieee" and exp_field == top:
         return "inf" if man == 0 else "nan"
     if f.nan == "fn" and exp_field == top and man == (1 << f.man_bits) - 1:
         return "nan"
-    if exp_field == 0:
+    if exp_field == 0 and f.subnormals:
         return "zero" if man == 0 else "subnormal"
     return "normal"
 
@@ -370,19 +349,19 @@ def _kind(f: FloatFormat, exp_field: int, man: int) -> str:
 def kind_of(bits: int, precision) -> str:
     """What a bit pattern is in the format: "zero", "subnormal", "normal", "inf" or "nan"."""
     f = get_format(precision)
-    _, exp_field, man = field_bits(bits, f)
-    return _kind(f, exp_field, man)
+    sign, exp_field, man = field_bits(bits, f)
+    return _kind(f, exp_field, man, sign)
 
 
 def _fields_value(f: FloatFormat, exp_field: int, man: int) -> Fraction:
-    if exp_field == 0:
+    if exp_field == 0 and f.subnormals:
         return man * _pow2(f.emin - f.man_bits)
     return ((1 << f.man_bits) + man) * _pow2(exp_field - f.bias - f.man_bits)
 
 
 def _decode(bits: int, f: FloatFormat) -> tuple[bool, str, Fraction | float]:
     sign, exp_field, man = field_bits(bits, f)
-    kind = _kind(f, exp_field, man)
+    kind = _kind(f, exp_field, man, sign)
     if kind == "nan":
         return bool(sign), kind, math.nan
     if kind == "inf":
@@ -390,16 +369,8 @@ def _decode(bits: int, f: FloatFormat) -> tuple[bool, str, Fraction | float]:
     return bool(sign), kind, _fields_value(f, exp_field, man)
 
 
-def _to_float(value) -> float:
-    """float(value), but ±inf for a number beyond the doubles (10**400) instead of an error."""
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf if value > 0 else -math.inf
-
-
 def _as_float(sign: bool, value) -> float:
-    v = _to_float(value)
+    v = to_float(value)
     return -v if sign else v
 
 
@@ -425,7 +396,9 @@ def to_bits(x, precision, *, exact: bool = False) -> int:
     subnormals kept, a double rounded through fp32 first unless ``exact=True``.
     """
     f = get_format(precision)
-    sign, value = _exact(x, exact)
+    sign, value = read_number(x, exact)
+    if f is E8M0:
+        return _e8m0_bits(value)
     if not exact:
         value = _via_fp32(sign, value, f)
     if not isinstance(value, Fraction):
@@ -434,6 +407,18 @@ def to_bits(x, precision, *, exact: bool = False) -> int:
     if fields is None:
         return _special_bits(f, sign, math.inf)
     return _pack(f, sign, *fields)
+
+
+def _e8m0_bits(value) -> int:
+    """torch's cast to float8_e8m0fnu, read off c10's Float8_e8m0fnu.h: the sign is dropped, the
+    fp32 exponent field kept and rounded up when the mantissa is at least one half (a tie rounds
+    down only from an fp32 subnormal); NaN, inf and a carry past 2^127 give 0xFF (NaN)."""
+    fields = _nearest_fields(value, FP32) if isinstance(value, Fraction) else None
+    if fields is None:
+        return 0xFF
+    exponent, man = fields
+    guard, rest = man >> 22 & 1, man & ((1 << 22) - 1)
+    return exponent + (guard and (rest > 0 or exponent > 0))
 
 
 def round_to(x, precision, *, exact: bool = False) -> float:
@@ -447,7 +432,7 @@ def ulp(x, precision) -> float:
     clamped to the format's exponent range (so the subnormal spacing below the normals,
     the top binade's spacing above the largest finite). NaN for inf or NaN."""
     f = get_format(precision)
-    _, value = _exact(x, True)
+    _, value = read_number(x, True)
     if not isinstance(value, Fraction):
         return math.nan
     e = f.emin if value == 0 else min(max(_floor_log2(value.numerator, value.denominator), f.emin),
@@ -456,7 +441,7 @@ def ulp(x, precision) -> float:
 
 
 def _step(x, f: FloatFormat, up: bool) -> float:
-    sign, value = _exact(x, True)
+    sign, value = read_number(x, True)
     if value != value:
         return math.nan
     if value == math.inf:
