@@ -101,6 +101,7 @@ class Capture:
     weight_grads:     parameter name -> its .grad (parameters of the captured modules)
     loss:             the step's loss
     layer_types:      module name -> class name
+    weights:          parameter name -> its value in the step (the same parameters)
 
     A module run twice in one step is recorded as "name", "name (call 2)", ...
     """
@@ -110,6 +111,7 @@ class Capture:
     weight_grads: dict[str, torch.Tensor]
     loss: float
     layer_types: dict[str, str]
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def tensors(self, kind: str = "weight_grads") -> dict[str, torch.Tensor]:
@@ -273,6 +275,7 @@ def capture(model: nn.Module, batch, loss_fn=None, layers=None) -> Capture:
         owned = {id(p) for _, m in chosen for p in m.parameters(recurse=False)}
         weight_grads = {n: _copy(p.grad) for n, p in model.named_parameters()
                         if id(p) in owned and p.grad is not None}
+        weights = {n: _copy(p.detach()) for n, p in model.named_parameters() if n in weight_grads}
     finally:
         for h in handles:
             h.remove()
@@ -280,4 +283,4 @@ def capture(model: nn.Module, batch, loss_fn=None, layers=None) -> Capture:
             p.grad = g
     types = {n: type(m).__name__ for n, m in chosen}
     return Capture(activations, {k: grads[k] for k in activations if k in grads}, weight_grads,
-                   float(loss.detach()), types)
+                   float(loss.detach()), types, weights)

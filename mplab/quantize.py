@@ -1,0 +1,290 @@
+"""FP8 scaling recipes, from scratch: what a tensor becomes when training keeps it in 8 bits.
+
+    q = tensorwise(x)                 # one scale for the tensor (torchao's Float8 "tensorwise")
+    q = rowwise(x)                    # one per row, rounded down to a power of two ("rowwise")
+    q = blockwise(x, (1, 128))        # DeepSeek-V3's 1x128 activation tiles; (128, 128) weights
+    d = DelayedScaling(history_len=16, algo="max", margin=0)  # Transformer Engine's recipe
+    q = d.quantize(x)                 # the scale comes from earlier steps' amax, not this one's
+    q.dequantized, q.sqnr_db, q.flushed, q.saturated
+    scaled_mm(tensorwise(a), tensorwise(b))   # as torch._scaled_mm computes it on the CPU
+
+Each recipe returns a :class:`Quantized`: the element codes (bit patterns), their values, the
+scales, what the values dequantise to, and what the recipe did to the tensor. The element cast
+is :func:`round_to_format`, written here with tensor arithmetic (no torch float8 cast inside) and
+equal bit for bit to torch's casts and to ml_dtypes'. The scales follow torchao 0.18's float8
+training code (``amax_to_scale``: ``max / clamp(amax, 1e-12)`` in float64, then float32; the
+tensor times the scale, clamped, cast; dequantised as values / scale), so the results equal
+torchao's bit for bit. Microscaling (MXFP8, MXFP4, NVFP4) is :mod:`mplab.microscaling`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from mplab.formats import FloatFormat, get_format, to_bits
+
+__all__ = ["Quantized", "round_to_format", "encode", "tensorwise", "rowwise", "blockwise",
+           "DelayedScaling", "scaled_mm", "element_format", "load_torchao", "EPS"]
+
+#: torchao's floor on amax before dividing by it (float8_utils.EPS).
+EPS = 1e-12
+
+
+def load_torchao():
+    """Import torchao quietly: on a CPU its import logs a warning per CUDA extension it cannot
+    load, and torch warns once about an enum it registers; neither matters here."""
+    import logging
+    import warnings
+
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torchao
+        import torchao.float8
+        import torchao.prototype.mx_formats.mx_tensor  # noqa: F401
+        import torchao.prototype.mx_formats.nvfp4_tensor  # noqa: F401
+    return torchao
+
+
+def element_format(precision) -> FloatFormat:
+    """A format elements can be stored in (e8m0 is only a scale: it has no sign and no zero)."""
+    f = get_format(precision)
+    if not f.signed or f.bits > 16 or f.name == "tf32":
+        raise ValueError(f"{f.name} is not an element format below 16 bits; accepted: "
+                         "fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz, fp8_e5m2fnuz, fp6_e3m2, fp6_e2m3, "
+                         "fp4_e2m1, fp16, bf16")
+    return f
+
+
+def _float_tensor(x, name: str = "x") -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        got = f"a tensor of {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"{name} must be a floating-point torch tensor, got {got}")
+    return x.float()
+
+
+def round_to_format(x: torch.Tensor, precision) -> torch.Tensor:
+    """x (as float32) rounded to the nearest value of the format, ties to even, an overflow as
+    the format's cast does it: inf (e5m2, fp16), the largest finite (e4m3, fp6, fp4) or NaN
+    (the FNUZ formats). Subnormals are kept. Bit for bit torch's cast where torch has one."""
+    f = element_format(precision)
+    x = _float_tensor(x)
+    a = x.abs()
+    _, exp = torch.frexp(a)  # a = m * 2^exp, m in [0.5, 1): floor(log2 a) = exp - 1
+    e = (exp - 1).clamp(min=f.emin)  # below the normals the spacing stays the subnormals'
+    spacing = torch.ldexp(torch.ones_like(a), e - f.man_bits)
+    r = torch.round(a / spacing) * spacing  # exact: a power-of-two scale; round() ties to even
+    top = float(f.max_finite)
+    over = r > top  # inf included
+    if f.overflow == "saturate":
+        r = torch.where(over, top, r)
+    elif f.overflow == "nan":
+        r = torch.where(over, math.nan, r)
+    else:
+        r = torch.where(over, math.inf, r)
+    negative = torch.signbit(x) & ((r != 0) | (f.nan != "fnuz"))  # FNUZ has no -0
+    return torch.where(negative, -r, r)
+
+
+def encode(values: torch.Tensor, precision) -> torch.Tensor:
+    """The bit patterns (uint8, or int32 past 8 bits) of values already on the format's grid
+    (what :func:`round_to_format` returns)."""
+    f = element_format(precision)
+    v = _float_tensor(values, "values")
+    a = v.abs()
+    _, exp = torch.frexp(a)
+    e = exp - 1
+    normal = a >= float(f.min_normal)
+    man_normal = torch.ldexp(a, (f.man_bits - e).clamp(max=120)) - (1 << f.man_bits)
+    man = torch.where(normal, man_normal, a / float(f.min_subnormal))
+    code = torch.where(normal, (e + f.bias) << f.man_bits, 0) + man.nan_to_num(0).to(torch.int32)
+    sign = torch.signbit(v) & ~((a == 0) & (f.nan == "fnuz"))  # FNUZ has no -0
+    code = code | (sign.to(torch.int32) << (f.bits - 1))
+    for special, mask in ((math.inf, torch.isinf(v) & ~sign), (-math.inf, torch.isinf(v) & sign)):
+        if mask.any():
+            code = torch.where(mask, to_bits(special, f), code)
+    nan = torch.isnan(v)
+    if nan.any():
+        code = torch.where(nan & sign, to_bits(-math.nan, f), code)
+        code = torch.where(nan & ~sign, to_bits(math.nan, f), code)
+    return code.to(torch.uint8) if f.bits <= 8 else code
+
+
+@dataclass(frozen=True, eq=False)
+class Quantized:
+    """A tensor as a recipe stores it.
+
+    `values` are the elements (float32 values on `format`'s grid) and `codes` their bit patterns;
+    `scale` is what a scaled GEMM multiplies an element by (broadcast over its block);
+    `dequantized` is what the recipe gives back (as its library computes it); `scaled` is the
+    tensor in the format's units before the cast, so what fell below the format's smallest
+    value or past its largest can be counted. `block` is the shape one scale covers.
+    """
+
+    recipe: str
+    format: FloatFormat
+    source: torch.Tensor
+    scaled: torch.Tensor
+    values: torch.Tensor
+    scale: torch.Tensor
+    dequantized: torch.Tensor
+    block: tuple[int, ...]
+    scale_bits: int = 32
+    scale_codes: torch.Tensor | None = None
+    tensor_scale: torch.Tensor | None = None
+
+    @property
+    def codes(self) -> torch.Tensor:
+        return encode(self.values, self.format)
+
+    @property
+    def bytes_per_value(self) -> float:
+        """Element bits plus the scales' bits, shared over the values each covers, in bytes."""
+        scale_bits = self.scale_bits * self.scale.numel() + 32 * (self.tensor_scale is not None)
+        return (self.format.bits + scale_bits / self.source.numel()) / 8
+
+    @property
+    def sqnr_db(self) -> float:
+        """Signal to quantisation noise: 10 log10(sum x^2 / sum (x - dequantized)^2), in dB
+        (inf when nothing was lost), over the finite values."""
+        x = self.source.double()
+        finite = torch.isfinite(x) & torch.isfinite(self.dequantized)
+        noise = (x - self.dequantized.double())[finite].pow(2).sum().item()
+        signal = x[finite].pow(2).sum().item()
+        if noise == 0:
+            return math.inf
+        return 10 * math.log10(signal / noise) if signal else -math.inf
+
+    @property
+    def flushed(self) -> float:
+        """Share of the nonzero values that became 0."""
+        nonzero = self.source != 0
+        return ((self.values == 0) & nonzero).sum().item() / max(1, nonzero.sum().item())
+
+    @property
+    def saturated(self) -> float:
+        """Share of the values whose scaled magnitude was past the format's largest finite
+        (clamped to it, or inf/NaN where the format overflows so)."""
+        past = self.scaled.abs() > float(self.format.max_finite)
+        return past.sum().item() / max(1, self.source.numel())
+
+
+def _fp8_recipe(x: torch.Tensor, amax: torch.Tensor, f: FloatFormat, power_of_2: bool):
+    """torchao's float8 cast: s = max / clamp(amax, EPS) (float64, then float32), optionally
+    rounded down to a power of two; x * s clamped to +-max and cast; dequantised as values / s."""
+    s = (float(f.max_finite) / amax.double().clamp(min=EPS)).float()
+    if power_of_2:
+        s = torch.exp2(torch.floor(torch.log2(s)))
+    scaled = x * s
+    top = float(f.max_finite)
+    values = round_to_format(scaled.clamp(-top, top), f)
+    return scaled, values, s
+
+
+def _finish(recipe, f, x, scaled, values, s, block) -> Quantized:
+    return Quantized(recipe, f, x, scaled, values, s.reciprocal(), values / s, block)
+
+
+def tensorwise(x: torch.Tensor, precision="fp8_e4m3", *, amax=None,
+               power_of_2: bool = False) -> Quantized:
+    """One scale for the whole tensor, from its amax (or `amax` given: a delayed or calibrated
+    one). torchao's Float8 "tensorwise" recipe."""
+    f = element_format(precision)
+    x = _float_tensor(x)
+    amax = x.abs().amax() if amax is None else torch.as_tensor(amax, dtype=torch.float32)
+    scaled, values, s = _fp8_recipe(x, amax, f, power_of_2)
+    return _finish("tensorwise", f, x, scaled, values, s, tuple(x.shape))
+
+
+def rowwise(x: torch.Tensor, precision="fp8_e4m3", *, dim: int = -1,
+            power_of_2: bool = True) -> Quantized:
+    """One scale per slice along `dim` (a row of a (M, K) input for dim=-1), rounded down to a
+    power of two, as torchao's "rowwise" recipe does."""
+    f = element_format(precision)
+    x = _float_tensor(x)
+    if x.dim() < 1:
+        raise ValueError("rowwise scaling needs a tensor of at least one dimension, got a scalar")
+    amax = x.abs().amax(dim=dim, keepdim=True)
+    scaled, values, s = _fp8_recipe(x, amax, f, power_of_2)
+    block = [1] * x.dim()
+    block[dim] = x.shape[dim]
+    return _finish(f"rowwise (dim {dim})", f, x, scaled, values, s, tuple(block))
+
+
+def blockwise(x: torch.Tensor, block=(1, 128), precision="fp8_e4m3") -> Quantized:
+    """One scale per `block` tile of a 2-D tensor: (1, 128) for activations and (128, 128) for
+    weights, DeepSeek-V3's recipe (torchao's blockwise_fp8_training reference casts)."""
+    f = element_format(precision)
+    x = _float_tensor(x)
+    if (not isinstance(block, tuple | list) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise ValueError(f"block must be two positive ints (rows, columns), got {block!r}")
+    if x.dim() != 2 or x.shape[0] % block[0] or x.shape[1] % block[1]:
+        raise ValueError(f"blockwise scaling needs a 2-D tensor whose sides are multiples of the "
+                         f"block {tuple(block)}; got shape {tuple(x.shape)}")
+    (m, k), (bm, bk) = x.shape, block
+    tiles = x.reshape(m // bm, bm, k // bk, bk)
+    amax = tiles.abs().amax(dim=(1, 3), keepdim=True)
+    scaled, values, s = _fp8_recipe(tiles, amax, f, False)
+    return Quantized(f"block {bm}x{bk}", f, x, scaled.reshape(m, k), values.reshape(m, k),
+                     s.reshape(m // bm, k // bk).reciprocal(), (values / s).reshape(m, k),
+                     (bm, bk))
+
+
+class DelayedScaling:
+    """Transformer Engine's delayed scaling: each step's scale comes from the amax of earlier
+    steps, kept in a history of `history_len`, reduced by `algo` ("max" over the history or
+    "most_recent"), with `margin` (scale / 2^margin) for headroom. A step's own amax joins the
+    history after it is cast, so a step whose values jump past the history saturates.
+
+    As ``DelayedScaling`` computes it: scale = (fp8_max / amax) / 2^margin, kept as it was
+    while the history's amax is 0 or not finite; the first scale is 1.
+    """
+
+    def __init__(self, history_len: int = 16, algo: str = "max", margin: int = 0,
+                 precision="fp8_e4m3"):
+        if isinstance(history_len, bool) or not isinstance(history_len, int) or history_len < 1:
+            raise ValueError(f"history_len must be a positive int, got {history_len!r}")
+        if algo not in ("max", "most_recent"):
+            raise ValueError(f"algo must be 'max' or 'most_recent', got {algo!r}")
+        if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
+            raise ValueError(f"margin must be a non-negative int, got {margin!r}")
+        self.history_len, self.algo, self.margin = history_len, algo, margin
+        self.format = element_format(precision)
+        self.history: list[float] = []  # most recent first
+        self.scale = torch.tensor(1.0)
+
+    def quantize(self, x: torch.Tensor) -> Quantized:
+        """Cast x with the current scale, then record its amax and update the scale."""
+        x = _float_tensor(x)
+        f, top = self.format, float(self.format.max_finite)
+        s = self.scale
+        scaled = x * s
+        values = round_to_format(scaled.clamp(-top, top), f)
+        q = Quantized(f"delayed ({self.algo}, {self.history_len}, margin {self.margin})", f, x,
+                      scaled, values, s.reciprocal(), values / s, tuple(x.shape))
+        self.history = [x.abs().amax().item(), *self.history][: self.history_len]
+        amax = max(self.history) if self.algo == "max" else self.history[0]
+        if amax > 0 and math.isfinite(amax):
+            self.scale = torch.tensor((top / amax) / 2.0 ** self.margin, dtype=torch.float32)
+        return q
+
+
+def scaled_mm(a: Quantized, b: Quantized, out_dtype=torch.float32) -> torch.Tensor:
+    """a (M, K) times b (N, K) transposed, as ``torch._scaled_mm(a8, b8.t(), scale_a, scale_b)``
+    computes it on the CPU: each operand's elements times its scale in fp32, an fp32 matmul,
+    then the cast to out_dtype. Takes tensorwise scales, or rowwise ones (a per row of a, b per
+    row of b)."""
+    for name, q in (("a", a), ("b", b)):
+        if not isinstance(q, Quantized) or q.values.dim() != 2:
+            raise TypeError(f"{name} must be a 2-D Quantized (tensorwise or rowwise), got "
+                            f"{type(q).__name__}")
+        if q.scale.numel() not in (1, q.values.shape[0]):
+            raise ValueError(f"{name}'s scales ({tuple(q.scale.shape)}) are neither one per "
+                             f"tensor nor one per row of {tuple(q.values.shape)}")
+    sb = b.scale.reshape(-1, 1) if b.scale.numel() > 1 else b.scale
+    return ((a.values * a.scale) @ (b.values * sb).t()).to(out_dtype)
