@@ -130,7 +130,7 @@ def format_table(precisions=None) -> Table:
     for f in (get_format(x) for x in (precisions or FORMATS)):
         rows.append({
             "format": f.name,
-            "bits (s/e/m)": f"{f.bits} (1/{f.exp_bits}/{f.man_bits})",
+            "bits (s/e/m)": f"{f.bits} ({int(f.signed)}/{f.exp_bits}/{f.man_bits})",
             "bias": f.bias,
             "largest finite": float(f.max_finite),
             "smallest normal": float(f.min_normal),
@@ -139,7 +139,8 @@ def format_table(precisions=None) -> Table:
             "decimal digits": round(f.decimal_digits, 1),
             "inf": "yes" if f.has_inf else "no",
             "overflow": {"inf": "→ inf", "saturate": "→ ±max", "nan": "→ NaN"}[f.overflow],
-            "torch dtype": f"torch.{f.torch_dtype}" if f.torch_dtype else "(matmul mode)",
+            "torch dtype": f"torch.{f.torch_dtype}" if f.torch_dtype else (
+                "(matmul mode)" if f.name == "tf32" else "(none)"),
         })
     return Table(rows, title="Float formats: range and precision")
 

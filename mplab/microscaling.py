@@ -109,8 +109,7 @@ def mx(x: torch.Tensor, precision="fp8_e4m3", *, block: int = 32,
     scale = torch.ldexp(torch.ones_like(amax), k.clamp(max=127))
     scale = torch.where(codes == 255, math.nan, scale)
     shape = x.shape
-    return Quantized(f"MX{f.name.removeprefix('fp').split('_')[0].upper()}"
-                     f" ({f.name}, {mode})", f, x, scaled.reshape(shape),
+    return Quantized(f"MXFP{f.bits} ({f.name}, {mode})", f, x, scaled.reshape(shape),
                      values.reshape(shape), scale.squeeze(-1), (values * scale).reshape(shape),
                      (1,) * (x.dim() - 1) + (block,), scale_bits=8,
                      scale_codes=codes.squeeze(-1))

@@ -167,10 +167,10 @@ class Quantized:
 
     @property
     def saturated(self) -> float:
-        """Share of the values whose scaled magnitude was past the format's largest finite
-        (clamped to it, or inf/NaN where the format overflows so)."""
+        """Share of the nonzero values whose scaled magnitude was past the format's largest
+        finite (clamped to it, or inf/NaN where the format overflows so)."""
         past = self.scaled.abs() > float(self.format.max_finite)
-        return past.sum().item() / max(1, self.source.numel())
+        return past.sum().item() / max(1, (self.source != 0).sum().item())
 
 
 def _fp8_recipe(x: torch.Tensor, amax: torch.Tensor, f: FloatFormat, power_of_2: bool):
