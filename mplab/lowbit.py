@@ -24,8 +24,8 @@ from mplab import quantize as Q
 from mplab._display import Table
 from mplab.capture import Capture
 
-__all__ = ["RECIPES", "BLOCKS", "MEASURES", "apply", "layer_tensors", "recipe_table",
-           "scaled_histogram", "plot_scaled", "outlier_blocks"]
+__all__ = ["RECIPES", "BLOCKS", "DEFAULT_BLOCK", "MEASURES", "apply", "layer_tensors",
+           "recipe_table", "scaled_histogram", "plot_scaled", "outlier_blocks"]
 
 #: recipe -> (what it is, the block sizes it takes; None: it has no block to choose)
 RECIPES: dict[str, tuple[str, tuple[int, ...] | None]] = {
@@ -42,7 +42,7 @@ RECIPES: dict[str, tuple[str, tuple[int, ...] | None]] = {
     "NVFP4": ("16 fp4 elements per E4M3 scale, times an fp32 tensor scale", None),
 }
 BLOCKS = {name: blocks for name, (_, blocks) in RECIPES.items()}
-_DEFAULT_BLOCK = {"block 1xN e4m3": 128, "MXFP8": 32, "MXFP8 rceil": 32, "MXFP6": 32,
+DEFAULT_BLOCK = {"block 1xN e4m3": 128, "MXFP8": 32, "MXFP8 rceil": 32, "MXFP6": 32,
                   "MXFP4": 32}
 #: What recipe_table can show: Quantized property -> (column title, how to print it)
 MEASURES = {"sqnr_db": "SQNR (dB)", "flushed": "flushed to 0", "saturated": "saturated",
@@ -55,7 +55,7 @@ def apply(recipe: str, x: torch.Tensor, block: int | None = None) -> Q.Quantized
         raise ValueError(f"unknown recipe {recipe!r}; accepted: " + ", ".join(map(repr, RECIPES)))
     blocks = BLOCKS[recipe]
     if block is None:
-        block = _DEFAULT_BLOCK.get(recipe)
+        block = DEFAULT_BLOCK.get(recipe)
     elif blocks is None:
         raise ValueError(f"{recipe} has no block size to choose; give block=None")
     elif block not in blocks:
@@ -136,8 +136,8 @@ def _cell(value: float, measure: str) -> str:
 
 def scaled_histogram(q: Q.Quantized, bins_per_octave: int = 2) -> dict:
     """The scaled values' magnitudes (what the format was asked to hold) binned by log2, with the
-    format's range: values under half its smallest are flushed to 0, over its largest
-    saturated. Zeros of the source are left out (a zero stays a zero)."""
+    format's range: values under half its smallest are flushed to 0, past its largest by more
+    than half a step saturated. Zeros of the source are left out (a zero stays a zero)."""
     a = q.scaled.abs().double().flatten()
     a = a[(a > 0) & torch.isfinite(a)].numpy()
     f = q.format
@@ -148,7 +148,8 @@ def scaled_histogram(q: Q.Quantized, bins_per_octave: int = 2) -> dict:
     edges = np.arange(start, stop + 1e-9, 1 / bins_per_octave)
     counts, _ = np.histogram(logs, bins=edges)
     return {"edges": edges, "counts": counts, "smallest": lo, "largest": hi,
-            "flushed": int((a < lo / 2).sum()), "saturated": int((a > hi).sum()),
+            "flushed": int((a < lo / 2).sum()),
+            "saturated": int((a > hi + 2.0 ** (f.emax - f.man_bits - 1)).sum()),
             "values": int(a.size), "format": f.name}
 
 
