@@ -82,6 +82,12 @@ def notebook_names(xid: str) -> dict:
 
         names["MixedPrecisionPolicy"] = MixedPrecisionPolicy
         names["parameters"] = lesson_of(xid)._lesson_parameters()  # printed before 8.4
+    if xid.startswith("9."):
+        from mplab import lowbit  # lesson 9's setup imports it; 9.2 uses it
+
+        ex = lesson_of(xid)
+        names.update(lowbit=lowbit, mx_block=ex.block_9_1(), spiky=ex.x_9_2(),
+                     amaxes=list(ex.AMAX_9_3))
     return names
 
 
