@@ -30,6 +30,8 @@ __all__ = ["FORMAT_COLORS", "new_figure", "ulp_steps", "ulp_plot", "mark_ulp", "
 FORMAT_COLORS = {
     "fp32": "#4c78a8", "tf32": "#72b7b2", "fp16": "#f58518",
     "bf16": "#e45756", "fp8_e4m3": "#54a24b", "fp8_e5m2": "#b279a2",
+    "fp8_e4m3fnuz": "#88d27a", "fp8_e5m2fnuz": "#d6a5c9", "fp6_e3m2": "#9d755d",
+    "fp6_e2m3": "#bab0ac", "fp4_e2m1": "#eeca3b", "e8m0": "#000000",
 }
 
 # Edge markers: where a format's numbers start (underflow) and stop (overflow).

@@ -5,7 +5,11 @@ Every expected number comes from mplab.formats; the widget must agree with it.""
 import io
 import math
 import time
+from pathlib import Path
 
+import ml_dtypes
+import nbformat
+import numpy as np
 import pytest
 import torch
 from matplotlib.figure import Figure
@@ -30,11 +34,11 @@ def shown_bits(explorer, fmt: str) -> str:
     return "".join(buttons[i].description for i in sorted(buttons, reverse=True))
 
 
-def assert_rows_show(explorer, x: float) -> None:
-    for name in F.FORMATS:
-        d = explain.decompose(x, name)
-        assert shown_bits(explorer, name) == d.bit_string.replace(" ", ""), name
-        assert f"= {d.value!r}" in explorer.rows[name].value.value, name
+def assert_rows_show(explorer, x: float, names=F.FORMATS) -> None:
+    for name in names:
+        bits = F.to_bits(x, name)
+        assert shown_bits(explorer, name) == format(bits, f"0{F.get_format(name).bits}b"), name
+        assert f"= {F.from_bits(bits, name)!r}" in explorer.rows[name].value.value, name
 
 
 @pytest.fixture
@@ -234,6 +238,198 @@ def test_plot_image_follows_the_value(explorer):
     assert Image.open(io.BytesIO(first)).format == "PNG"
     explorer.value = 1e-8
     assert explorer.plot.value != first
+
+
+# --- every format of ALL_FORMATS: lesson 9's below 8 bits and the e8m0 scale --------------------
+
+ALL = list(F.ALL_FORMATS)
+NEW = list(F.LOW_BIT_FORMATS)
+ML_DTYPES = {"fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "fp8_e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
+             "fp6_e3m2": ml_dtypes.float6_e3m2fn, "fp6_e2m3": ml_dtypes.float6_e2m3fn,
+             "fp4_e2m1": ml_dtypes.float4_e2m1fn, "e8m0": ml_dtypes.float8_e8m0fnu}
+
+
+def library_cast(x: float, name: str) -> float:
+    """What a library stores for the double x: torch's cast where torch has the dtype (the
+    formats follow it), ml_dtypes' where it has not (fp4, fp6)."""
+    f = F.get_format(name)
+    if f.torch_dtype:
+        return torch.tensor([x], dtype=torch.float64).to(f.dtype()).double().item()
+    return float(np.float64(x).astype(ML_DTYPES[name]))
+
+
+def library_value(bits: int, name: str) -> float:
+    """The value ml_dtypes reads in a bit pattern."""
+    return float(np.array([bits], np.uint8).view(ML_DTYPES[name])[0])
+
+
+@pytest.fixture
+def everything():
+    return precision_explorer(0.1, F.ALL_FORMATS)
+
+
+def test_over_all_formats_each_row_shows_what_the_cast_stores(everything):
+    assert list(everything.rows) == ALL
+    assert_rows_show(everything, 0.1, ALL)
+    for name in ALL[2:]:  # tf32 is a matmul mode: no library casts to it
+        assert f"= {library_cast(0.1, name)!r}" in everything.rows[name].value.value, name
+    for name in NEW:
+        assert sorted(everything.rows[name].buttons) == list(range(F.get_format(name).bits))
+    assert [r["format"] for r in everything.table_rows] == ALL
+    for name, row in zip(ALL, everything.table_rows):
+        assert row == explain.stored_row(0.1, explain.decompose(0.1, name), name)
+        assert f"<b>{name}</b>" in everything.table.value
+
+
+def test_0_1_in_fp4_is_its_nearest_value_a_zero(everything):
+    values = [library_value(p, "fp4_e2m1") for p in range(16)]
+    nearest = min(values, key=lambda v: abs(v - 0.1))  # 0.0 (and -0.0) against 0.5
+    assert nearest == 0 == library_cast(0.1, "fp4_e2m1")
+    assert shown_bits(everything, "fp4_e2m1") == "0000"
+    assert "= 0.0" in everything.rows["fp4_e2m1"].value.value
+    row = next(r for r in everything.table_rows if r["format"] == "fp4_e2m1")
+    assert row["note"] == "underflow: became 0" and row["bits"] == 0
+
+
+def test_typing_448_5_shows_fnuz_nan_e4m3_saturated_and_fp4_at_its_top(everything):
+    everything.text.value = "448.5"
+    assert everything.value == 448.5
+    assert_rows_show(everything, 448.5, ALL)
+    assert math.isnan(library_cast(448.5, "fp8_e4m3fnuz"))  # past 240: FNUZ's overflow is NaN
+    assert shown_bits(everything, "fp8_e4m3fnuz") == "10000000"  # the pattern of -0
+    assert "= nan" in everything.rows["fp8_e4m3fnuz"].value.value
+    for name in ("fp8_e4m3", "fp4_e2m1", "fp6_e3m2", "e8m0"):
+        assert f"= {library_cast(448.5, name)!r}" in everything.rows[name].value.value, name
+    notes = {r["format"]: r["note"] for r in everything.table_rows}
+    assert notes["fp8_e4m3fnuz"] == "overflow: became NaN"
+    assert notes["fp4_e2m1"] == "overflow: saturated at the largest finite"
+    assert "overflow: became NaN" in everything.table.value
+
+
+@pytest.mark.parametrize("text", ["-2", "0", "7", "1e-8", "1/3", "-65504", "inf", "nan"])
+def test_typed_numbers_update_every_row_of_all_formats(everything, text):
+    everything.text.value = text
+    x = float(F.parse_number(text))
+    assert same(everything.value, x)
+    assert_rows_show(everything, x, ALL)
+    for name in ALL[2:]:
+        assert f"= {library_cast(x, name)!r}" in everything.rows[name].value.value, name
+    assert [r["bits"] for r in everything.table_rows] == [F.to_bits(x, n) for n in ALL]
+
+
+def test_e8m0_has_no_sign_bit_and_fp4_has_one_of_its_four(everything):
+    def field_of(row, bit):
+        colour = row.buttons[bit].style.button_color
+        return next(k for k, pair in lesson1.FIELD_COLORS.items() if colour in pair)
+
+    e8m0, fp4 = everything.rows["e8m0"], everything.rows["fp4_e2m1"]
+    assert [field_of(e8m0, b) for b in range(8)] == ["exponent"] * 8
+    assert not any("sign" in b.tooltip for b in e8m0.buttons.values())
+    assert "no sign, 8 exponent, 0 mantissa bits" in e8m0.box.children[0].value
+    assert [field_of(fp4, b) for b in (3, 2, 1, 0)] == ["sign", "exponent", "exponent",
+                                                        "mantissa"]
+    everything.value = -2.0  # e8m0 drops the sign, as torch's cast does
+    assert shown_bits(everything, "e8m0") == format(F.to_bits(2.0, "e8m0"), "08b")
+    assert "= 2.0" in e8m0.value.value and library_cast(-2.0, "e8m0") == 2.0
+
+
+def test_fnuz_has_no_negative_zero_its_pattern_is_the_nan(everything):
+    everything.value = -0.0
+    for name in ("fp8_e4m3fnuz", "fp8_e5m2fnuz"):
+        assert shown_bits(everything, name) == "00000000", name
+        assert same(library_cast(-0.0, name), 0.0)
+    assert shown_bits(everything, "fp8_e4m3") == "10000000"  # where -0 exists
+    everything.value = 0.0
+    row = everything.rows["fp8_e4m3fnuz"]
+    row.buttons[7].click()
+    assert math.isnan(everything.value) and math.isnan(library_value(0x80, "fp8_e4m3fnuz"))
+    assert row.bits == 0x80 and "nan" in row.value.value
+    row.buttons[7].click()
+    assert same(everything.value, 0.0)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_flipping_any_bit_of_a_new_format_gives_the_value_of_that_pattern(everything, name):
+    for start in (1.0, 0.1, -3.0):
+        for bit in range(F.get_format(name).bits):
+            everything.value = start
+            before = everything.rows[name].bits
+            everything.rows[name].buttons[bit].click()
+            flipped = before ^ (1 << bit)
+            assert same(everything.value, library_value(flipped, name)), (start, bit)
+            assert everything.rows[name].bits == flipped, (start, bit)
+            assert "went wrong" not in everything.message.value
+            others = [n for n in ALL if n != name]
+            assert_rows_show(everything, everything.value, others)
+
+
+def test_stepping_walks_every_fp4_number_and_stops_at_the_ends(everything):
+    values = sorted({library_value(p, "fp4_e2m1") for p in range(16)})  # -6 ... 6, one zero
+    row = everything.rows["fp4_e2m1"]
+    everything.value = 0.0
+    upward = [v for v in values if v >= 0]
+    walked = [0.0]
+    for _ in upward:  # one click more than there are steps
+        row.up.click()
+        walked.append(everything.value)
+    assert walked[:-1] == upward and walked[-1] == upward[-1] == 6.0
+    assert "fp4_e2m1 has no number above 6.0" in everything.message.value
+    assert "no inf and no NaN" in everything.message.value
+    everything.value = 0.0
+    row.down.click()
+    assert everything.value == -0.5 == values[values.index(0.0) - 1]
+    everything.value = -6.0
+    row.down.click()
+    assert everything.value == -6.0 and "no number below -6.0" in everything.message.value
+
+
+def test_stepping_below_the_smallest_e8m0_stays_it_has_no_zero(everything):
+    smallest = float(ml_dtypes.finfo(ml_dtypes.float8_e8m0fnu).smallest_normal)
+    everything.value = smallest
+    everything.rows["e8m0"].down.click()
+    assert everything.value == smallest and "no zero" in everything.message.value
+    everything.rows["e8m0"].up.click()
+    assert everything.value == library_value(1, "e8m0") == 2 * smallest
+    everything.value = 0.1  # stored 0.125; the next power of two up
+    everything.rows["e8m0"].up.click()
+    assert everything.value == library_value(F.to_bits(0.1, "e8m0") + 1, "e8m0") == 0.25
+
+
+def test_fnuz_steps_past_its_top_into_its_nan(everything):
+    top = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fnuz).max)
+    everything.value = top
+    everything.rows["fp8_e4m3fnuz"].up.click()  # the pattern after 0x7F is 0x80, the NaN
+    assert math.isnan(everything.value)
+
+
+def test_the_plot_over_all_formats_draws_each_of_them(everything):
+    fig = plots.ulp_plot(0.1, F.ALL_FORMATS, pyplot=False)
+    lines = lines_by_gid(fig.axes[0])
+    for name in ALL:
+        f = F.get_format(name)
+        xs, ys = (list(a) for a in lines[f"ulp-{name}"].get_data())
+        assert xs[0] == float(f.min_subnormal) and xs[-1] == float(f.max_finite), name
+        assert ys == [F.ulp(x, name) for x in xs], name
+    first = everything.plot.value
+    assert Image.open(io.BytesIO(first)).format == "PNG"
+    everything.value = 3e30  # past every format but fp32, bf16 and e8m0
+    assert everything.plot.value != first
+
+
+def test_the_standalone_notebook_explores_all_formats_and_lesson_1_the_six():
+    notebooks = Path(__file__).parent.parent / "notebooks"
+    page = nbformat.read(notebooks / "precision_explorer.ipynb", as_version=4)
+    ns: dict = {}
+    for cell in page.cells:
+        if cell.cell_type == "code":
+            exec(cell.source, ns)
+    assert list(ns["explorer"].rows) == ALL
+    lesson = nbformat.read(notebooks / "01_float_formats.ipynb", as_version=4)
+    cell = next(c for c in lesson.cells if c.cell_type == "code"
+                and "precision_explorer(" in c.source and "import" not in c.source)
+    ns = {"precision_explorer": precision_explorer}
+    exec(cell.source, ns)
+    assert list(ns["explorer"].rows) == list(F.FORMATS)
 
 
 # --- plots.ulp_plot --------------------------------------------------------------------------

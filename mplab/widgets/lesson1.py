@@ -8,7 +8,8 @@ One number in every format side by side: its bits as coloured boxes (click one t
 its neighbours in each format (◀ ▶), what each format stores and what that costs, and where
 the number sits on the plot of spacing against magnitude. Every figure comes from
 mplab.formats, mplab.explain and mplab.plots; this module only builds the controls and renders
-results.
+results. Any format of mplab.formats.ALL_FORMATS can be a row: e8m0 has no sign bit to draw,
+fp4 and fp6 have 4 and 6 bits and no inf or NaN, the FNUZ formats no -0 (its pattern is NaN).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def _num(v: float) -> str:
 
 def _field(f: FloatFormat, bit: int) -> str:
     """The field that bit position (0 = least significant) belongs to."""
-    if bit == f.bits - 1:
+    if f.signed and bit == f.bits - 1:
         return "sign"
     return "exponent" if bit >= f.man_bits else "mantissa"
 
@@ -134,14 +135,18 @@ class _BitRow:
         self.up.on_click(functools.partial(explorer._step, f, True))
         color = plots.FORMAT_COLORS.get(f.name, "black")
         name = widgets.HTML(
-            f'<span title="{html.escape(f.title)}: 1 sign, {f.exp_bits} exponent, '
-            f'{f.man_bits} mantissa bits"><span style="color:{color}">■</span> '
-            f"<b>{f.name}</b></span>", layout=widgets.Layout(width="90px"))
+            f'<span title="{html.escape(f.title)}: {1 if f.signed else "no"} sign, '
+            f'{f.exp_bits} exponent, {f.man_bits} mantissa bits">'
+            f'<span style="color:{color}">■</span> <b>{f.name}</b></span>',
+            layout=widgets.Layout(width="120px"))
         self.value = widgets.HTML(layout=widgets.Layout(width="auto"))
         self.value.add_class(f"mplab-value-{f.name}")
         fields = [widgets.HBox(g, layout=widgets.Layout(margin="0 6px 0 0"))
                   for g in groups.values() if g]
-        bits = widgets.HBox(fields, layout=widgets.Layout(width=width, flex="0 0 auto"))
+        # no sign bit (e8m0): start where the others' exponents start, not under their signs
+        indent = "0" if f.signed else "0 0 0 26px"
+        bits = widgets.HBox(fields, layout=widgets.Layout(width=width, flex="0 0 auto",
+                                                          padding=indent))
         self.box = widgets.HBox([name, self.down, bits, self.up, self.value],
                                 layout=widgets.Layout(align_items="center"))
         self.box.add_class(f"mplab-row-{f.name}")
@@ -249,7 +254,15 @@ class PrecisionExplorer(StaticView, widgets.VBox):
     @guarded
     def _step(self, f: FloatFormat, up: bool, _button=None) -> None:
         stored = F.round_to(self.value, f)
-        self._show((F.next_up if up else F.next_down)(stored, f))
+        new = (F.next_up if up else F.next_down)(stored, f)
+        if not math.isnan(stored) and not _holds(f, new):
+            # fp4/fp6 past their top (no inf, no NaN to step to), e8m0 below 2^-127 (no zero)
+            why = ("no inf and no NaN" if f.nan == "none" else "no zero" if not f.subnormals
+                   else "nothing there")
+            self._say(f"{f.name} has no number {'above' if up else 'below'} {stored!r} "
+                      f"(it has {why}); still showing {self.value!r}.")
+            return
+        self._show(new)
         if math.isnan(stored):
             self._say("NaN has no neighbours: flip a bit back, or type a number.")
 
@@ -295,6 +308,13 @@ class PrecisionExplorer(StaticView, widgets.VBox):
         self.plot.value = self._png.png(x)
 
 
+def _holds(f: FloatFormat, v: float) -> bool:
+    """Whether v is a number of the format (a zero of either sign counts: FNUZ keeps only +0)."""
+    if math.isnan(v):
+        return f.nan != "none"
+    return F.round_to(v, f) == v
+
+
 @functools.cache
 def _ulp_frames(formats: tuple[FloatFormat, ...]) -> plots.MarkerPng:
     """One ulp plot per set of formats, shared by every explorer: drawing its static part
@@ -333,5 +353,6 @@ def _table_html(rows: list[dict], formats: dict[str, FloatFormat]) -> str:
 
 def precision_explorer(value=0.1, precisions=None) -> PrecisionExplorer:
     """The precision explorer for value (a number, or text like "1/3"), over `precisions`
-    (default: every format in mplab.formats.FORMATS). `.value` is the number it shows."""
+    (default: the course's six, mplab.formats.FORMATS; ``ALL_FORMATS`` adds lesson 9's).
+    `.value` is the number it shows."""
     return PrecisionExplorer(value, precisions)
