@@ -22,8 +22,8 @@ NOTEBOOKS = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
 
 #: Modules that are exact arithmetic over torch and stand on their own.
 EXACT = ("mplab.parse", "mplab.formats", "mplab.explain", "mplab.casts", "mplab.histograms",
-         "mplab.scaler", "mplab.trace", "mplab.bf16", "mplab.quantize", "mplab.microscaling", "mplab.disagree",
-         "mplab.accumulate")
+         "mplab.scaler", "mplab.trace", "mplab.bf16", "mplab.quantize", "mplab.microscaling",
+         "mplab.disagree", "mplab.accumulate")
 #: What the exact layer must not import: data, models, training, the lesson fixtures, the UI.
 NOT_FOR_EXACT = ("mplab.data", "mplab.models", "mplab.train", "mplab.lessons", "mplab.lab",
                  "mplab.diagnosis", "mplab.widgets",
