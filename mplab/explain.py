@@ -49,12 +49,16 @@ class Decomposed:
     exp_bits: int
     man_bits: int
     bias: int
+    signed: bool = True
 
     @property
     def bit_string(self) -> str:
-        """Sign, exponent and mantissa fields separated by spaces, e.g. '0 01111 0000000000'."""
-        s = format(self.bits, f"0{1 + self.exp_bits + self.man_bits}b")
-        return f"{s[0]} {s[1:1 + self.exp_bits]} {s[1 + self.exp_bits:]}"
+        """Sign, exponent and mantissa fields separated by spaces, e.g. '0 01111 0000000000';
+        a field the format lacks (e8m0's sign and mantissa) shows as '-'."""
+        s = format(self.bits, f"0{int(self.signed) + self.exp_bits + self.man_bits}b")
+        if not self.signed:
+            s = "-" + s
+        return f"{s[0]} {s[1:1 + self.exp_bits]} {s[1 + self.exp_bits:] or '-'}"
 
     def formula(self) -> str:
         """The value as the format computes it from its fields."""
@@ -66,6 +70,8 @@ class Decomposed:
         if self.kind == "zero":
             return f"{sign}0 (exponent and mantissa all zeros)"
         frac = Fraction(self.mantissa, 1 << self.man_bits)
+        if self.kind == "normal" and not self.man_bits:  # e8m0: a power of two, nothing else
+            return f"2^({self.exponent} − {self.bias}) = 2^{self.exponent - self.bias}"
         if self.kind == "normal":
             e = self.exponent - self.bias
             return (f"{sign}1.{self.bit_string.split()[2]}₂ × 2^({self.exponent} − {self.bias}) = "
@@ -74,7 +80,7 @@ class Decomposed:
                 f"{sign}{float(frac)!r} × 2^{1 - self.bias}  (subnormal: no hidden 1)")
 
     def __str__(self) -> str:
-        width = 1 + self.exp_bits + self.man_bits
+        width = int(self.signed) + self.exp_bits + self.man_bits
         lines = [
             f"{self.x!r} in {self.precision}",
             f"  bits      {self.bit_string}   (0x{self.bits:0{(width + 3) // 4}X})",
@@ -110,7 +116,7 @@ def decompose(x, precision, *, exact: bool = False) -> Decomposed:
     else:  # inf stays inf, NaN stays NaN: nothing was lost
         abs_error = rel_error = 0.0 if value == x_float or value != value else math.nan
     return Decomposed(x_float, f.name, bits, sign, exp_field, man, kind_of(bits, f), value,
-                      abs_error, rel_error, f.exp_bits, f.man_bits, f.bias)
+                      abs_error, rel_error, f.exp_bits, f.man_bits, f.bias, f.signed)
 
 
 def _as_float(negative: bool, magnitude) -> float:
@@ -178,8 +184,13 @@ def cast_note(x: float, d: Decomposed, precision) -> str:
     """What the cast of x to the format did, in words, when it did more than round
     (d: :func:`decompose` of x, or of a pattern a learner made); "" otherwise."""
     f = get_format(precision)
+    if math.isnan(x) and f.nan == "none":
+        return "no NaN in this format: became a zero (as ml_dtypes casts it)"
     if not math.isfinite(x):
         return ""
+    if not f.signed and (x < 0 or x == 0):
+        return ("no sign: the magnitude was kept" if x < 0 else
+                "no zero: became the smallest value")
     if x != 0 and d.kind == "zero":
         return "underflow: became 0"
     if d.kind == "inf":

@@ -100,3 +100,15 @@ def test_specials_of_each_convention():
         F.dtype_of("fp4")
     assert F.get_format(torch.float8_e8m0fnu) is F.E8M0
     assert F.get_format("float4_e2m1fn") is F.FP4_E2M1
+
+
+def test_explain_reads_the_formats_without_a_sign_or_a_nan():
+    from mplab.explain import cast_note, decompose
+
+    d = decompose(3.0, "e8m0")
+    assert d.bit_string == "- 10000001 -" and d.formula() == "2^(129 − 127) = 2^2"
+    assert d.value == float(torch.tensor(3.0).to(torch.float8_e8m0fnu).float())
+    assert "no sign" in cast_note(-2.0, decompose(-2.0, "e8m0"), "e8m0")
+    assert "no zero" in cast_note(0.0, decompose(0.0, "e8m0"), "e8m0")
+    assert "no NaN" in cast_note(math.nan, decompose(math.nan, "fp4"), "fp4")
+    assert decompose(1.0, "fp4").bit_string == "0 01 0"
