@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of mplab in one command, for a session with a CUDA GPU (at most 5 minutes:
-# each step has a time limit, and the limits add up to 290 s):
+# each step has a time limit, and the limits add up to 300 s):
 #   bash benchmarks/gpu_check.sh            # results in $OUT, else ./gpu_results
 # Each step's output goes to its own log and its exit code to steps.txt; a failing step does
 # not stop the others. The bench runs first: its record, bench_<gpu>_<date>.json (the same as
@@ -29,4 +29,5 @@ step bench_lesson 30 python -m mplab.bench --device cuda --lesson --json "$RESUL
 step pytest_cuda 45 python -m pytest -q -k cuda tests
 step lab_cuda 40 python benchmarks/lab_check.py --device cuda --json "$RESULTS/lab_cuda.json"
 step bench_train 50 python benchmarks/bench_train.py --device cuda --steps 20 --rounds 2 --parity-steps 100 --cuda-steps 20
+step fp8_matmul 10 python benchmarks/bench_fp8_gpu.py --json "$RESULTS/fp8_matmul.json"
 echo "results in $RESULTS:"; cat "$RESULTS/steps.txt"

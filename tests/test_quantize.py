@@ -279,3 +279,16 @@ def test_delayed_scaling_uses_earlier_steps_amax_and_saturates_on_a_jump():
 def test_bad_input_says_what_is_accepted(call, match):
     with pytest.raises((TypeError, ValueError), match=match):
         call()
+
+
+def test_the_gpu_fp8_benchmark_says_when_there_is_nothing_to_measure():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fp8_gpu.py"
+    said = subprocess.run([sys.executable, str(script), "--sizes", "256"], capture_output=True,
+                          text=True, check=True).stdout
+    if not torch.cuda.is_available():
+        assert "nothing to measure" in said
+    assert "bench_fp8_gpu.py" in (script.parent / "gpu_check.sh").read_text()
