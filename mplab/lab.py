@@ -431,6 +431,16 @@ def stalled(fix=None, steps=100, device="auto") -> TrainResult:
         return rec.finish()
 
 
+def fp8_grad_scale(fix=None, device="cpu") -> TrainResult:
+    """Lesson 9's broken FP8 recipe: each Linear's output gradient cast to e4m3 at scale 1, so
+    nearly every value falls below e4m3's smallest (2^-9) and flushes to 0; the fix scales each
+    gradient tensor by 57344 / amax and casts it to e5m2 (mplab's recipe, torchao's
+    tensorwise). 40 steps from the lesson model's warm start (mplab.train.fp8)."""
+    from mplab.train.fp8 import fp8_run
+
+    return fp8_run("e4m3_unscaled" if fix is None else "mplab", device=device)
+
+
 def pure_bf16(fix=None, steps=80, device="auto", lr=LR / 10) -> TrainResult:
     """Weights in bf16 (a bf16 checkpoint loaded as saved, transformers 5's default, or
     model.to(torch.bfloat16)) and AdamW's states with them: updates smaller than half a
@@ -570,6 +580,8 @@ FAILURES = {f.name: f for f in [
     Failure("scaler_with_bf16", "nothing visible: bf16 with a GradScaler that never acts",
             ("drop_scaler",), scaler_with_bf16),
     Failure("stalled", "the loss stays where it started", ("higher_lr",), stalled),
+    Failure("fp8_grad_scale", "fp8 gradients almost all exactly 0; the loss falls late",
+            ("scaled_e5m2",), fp8_grad_scale),
 ]}
 
 

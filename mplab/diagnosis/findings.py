@@ -18,6 +18,8 @@ CAUSES = {
     "accumulation_scaler": "accumulation: the scaler ran on micro-batches that do not step",
     "clip_before_unscale": "gradients clipped before scaler.unscale_()",
     "no_scaler": "fp16 without a GradScaler: gradients underflow to 0",
+    "fp8_grad_scale": "fp8 gradients cast at a scale that does not fit them: flushed to 0 "
+                      "or saturated",
     "fp16_ignored": "fp16 was asked for but silently ignored",
     "autocast_off": "autocast was off, or not around the forward pass: an fp32 run",
     "no_units": "low precision on a CPU without units for it: slow",
