@@ -217,15 +217,21 @@ def accumulation_error(K_values=DEFAULT_KS, *, M: int = 8, N: int = 8, acc_bits:
     return Table(rows, title=title, note=note)
 
 
-def plot_accumulation(table: Table) -> Figure:
-    """The table of :func:`accumulation_error` as a log-log plot, one line per method."""
+def plot_accumulation(table: Table, pyplot: bool = True) -> Figure:
+    """The table of :func:`accumulation_error` as a log-log plot, one line per method: made by
+    pyplot so a notebook shows it, or with ``pyplot=False`` one pyplot does not hold."""
     if not isinstance(table, Table):
         raise TypeError(f"table must be the Table accumulation_error returns; "
                         f"got {type(table).__name__}")
     if "K" not in table.columns or len(table.columns) < 2:
         raise ValueError(f"table needs a 'K' column and at least one error column; "
                          f"got columns {table.columns}")
-    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    if pyplot:
+        import matplotlib.pyplot as plt
+
+        fig = plt.figure(figsize=(6.4, 4.2), layout="constrained")
+    else:
+        fig = Figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.add_subplot()
     Ks = table.column("K")
     for name in table.columns:

@@ -250,8 +250,11 @@ def test_the_table_and_its_note(runs):
 
 def test_the_plot_is_a_figure_pyplot_does_not_hold(runs):
     before = plt.get_fignums()
-    fig = fp8.fp8_plot(runs)
+    fig = fp8.fp8_plot(runs, pyplot=False)
     assert isinstance(fig, Figure) and plt.get_fignums() == before
+    shown = fp8.fp8_plot(runs)  # the notebook's: made by pyplot, so Jupyter draws it
+    assert shown.number in plt.get_fignums()
+    plt.close(shown)
     labels = fig.axes[0].get_legend_handles_labels()[1]
     merged = [x for x in labels if "same losses, bit for bit" in x]
     assert merged == ["tensorwise = mplab (same losses, bit for bit)"]

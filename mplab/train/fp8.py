@@ -318,10 +318,11 @@ def fp8_table(runs: dict[str, TrainResult], baseline: str = "bf16", last: int = 
         flushed = _median_share(r.config.get("fp8", {}).get("grad_flushed", []))
         zeros = _median_share(r.zero_grad_fractions)
         rows.append({"recipe": name, "what ran": r.config.get("label", name),
-                     "final loss": _tail(r.losses, last),
-                     f"vs {baseline}, last {last}": r.versus(base, last)["loss_change"],
-                     f"mean loss vs {baseline}": mean_loss_gap(r, base), "steps": len(r.losses),
-                     "ms per step": step * 1e3 if step is not None else math.nan,
+                     "final loss": round(_tail(r.losses, last), 4),
+                     f"vs {baseline}, last {last}": f"{r.versus(base, last)['loss_change']:+.1%}",
+                     f"mean loss vs {baseline}": f"{mean_loss_gap(r, base):+.1%}",
+                     "steps": len(r.losses),
+                     "ms per step": round(step * 1e3, 1) if step is not None else math.nan,
                      "output grads flushed": "-" if flushed is None else f"{flushed:.1%}",
                      "grad entries = 0": "-" if zeros is None else f"{zeros:.1%}"})
     return Table(rows, title=f"FP8 recipes on {base.device}, against {baseline}",
@@ -365,7 +366,8 @@ def _note(runs: dict[str, TrainResult], baseline: str) -> str:
     if fp32 is not None and fp32.steady_step_seconds and emulated:
         ratios = sorted(runs[n].steady_step_seconds / fp32.steady_step_seconds
                         for n in emulated if runs[n].steady_step_seconds)
-        took = f"Emulated, an fp8 step took {ratios[0]:.1f}-{ratios[-1]:.1f}x an fp32 step's time"
+        took = (f"Emulated, an fp8 step took {ratios[0]:.2g}-{ratios[-1]:.2g}x an fp32 step's "
+                "time")
         lines.append(took + (": the casts are extra fp32 work, and fp8 only pays with fp8 "
                              "matmuls (a GPU of compute capability 8.9 or later)." if ratios[0] > 1
                              else ", some under 1x: other work on the machine slowed the fp32 "
@@ -373,13 +375,14 @@ def _note(runs: dict[str, TrainResult], baseline: str) -> str:
     return "\n".join(lines)
 
 
-def fp8_plot(runs: dict[str, TrainResult], ax=None, *, smooth: int = 5):
+def fp8_plot(runs: dict[str, TrainResult], ax=None, *, smooth: int = 5, pyplot: bool = True):
     """The runs' loss curves (`mplab.plots.loss_curves_plot`; runs with the same losses bit for
-    bit share a line): a matplotlib Figure pyplot does not hold."""
+    bit share a line): a matplotlib Figure, made by pyplot so a notebook shows it, or with
+    ``pyplot=False`` one pyplot does not hold (for a widget)."""
     runs = _checked_runs(runs)
     labelled = {name + (" (emulated)" if r.config.get("emulated") and r.precision != "fp8"
                         else ""): r for name, r in runs.items()}
-    fig = loss_curves_plot(labelled, ax, smooth=smooth, pyplot=False)
+    fig = loss_curves_plot(labelled, ax, smooth=smooth, pyplot=pyplot)
     ax = fig.axes[0] if ax is None else ax
     if any(r.precision == "fp8" and r.config.get("emulated") for r in runs.values()):
         ax.set_title(ax.get_title().replace("loss", "loss, fp8 emulated in fp32", 1),
