@@ -24,7 +24,14 @@ import math
 import torch
 
 from mplab.formats import FP8_E4M3, FloatFormat
-from mplab.quantize import Quantized, element_format, encode, round_to_format
+from mplab.quantize import (
+    Quantized,
+    abs_max,
+    element_format,
+    encode,
+    round_to_format,
+    scale_and_cast,
+)
 
 __all__ = ["mx", "nvfp4", "MX_ELEMENTS", "MX_MODES", "mx_scale_exponent"]
 
@@ -46,11 +53,6 @@ def _blocks(x, block: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
 
 
-def _exponent(a: torch.Tensor) -> torch.Tensor:
-    """floor(log2 a) for positive finite a, as int32 (frexp: a = m 2^e, m in [0.5, 1))."""
-    return torch.frexp(a)[1] - 1
-
-
 def mx_scale_exponent(amax: torch.Tensor, precision="fp8_e4m3", mode: str = "floor"):
     """The unbiased E8M0 exponent each block's scale takes from its amax (int32), before the
     bias: -127 to 127, with 128 standing for NaN. Exact integer work on the float's exponent."""
@@ -59,6 +61,11 @@ def mx_scale_exponent(amax: torch.Tensor, precision="fp8_e4m3", mode: str = "flo
         raise ValueError(f"mode must be one of {', '.join(map(repr, MX_MODES))}, got {mode!r}")
     a = amax.float()
     emax = math.floor(math.log2(f.max_finite))  # the element's largest power of two
+    if mode == "floor":  # floor(log2 amax) is its exponent field less the bias, as read here:
+        # amax 0 or an fp32 subnormal (field 0) as 2^-127, inf (field 255) as 2^128
+        e = (a.view(torch.int32) >> 23) - 127  # a negative amax: below -127, clamped to it
+        k = (e.masked_fill_(torch.isinf(a), 128) - emax).clamp_(-127, 128)
+        return k.masked_fill_(torch.isnan(a), 128)
     finite = torch.isfinite(a) & (a > 0)
     safe = torch.where(finite, a, 1.0)
     if mode == "rceil":
@@ -68,11 +75,11 @@ def mx_scale_exponent(amax: torch.Tensor, precision="fp8_e4m3", mode: str = "flo
         k = torch.where(finite, k.clamp(-127, 127), -127)
         k = torch.where(torch.isinf(a), 127, k)  # torchao: an inf amax gives 254, 2^127
         return torch.where(torch.isnan(a), 128, k)
-    e = _exponent(safe)
-    m = torch.frexp(safe)[0]
+    m, e = torch.frexp(safe)  # safe = m 2^e, m in [0.5, 1)
+    e = e - 1  # floor(log2 safe)
     if mode == "ceil":
         e = e + (m != 0.5).to(e.dtype)
-    elif mode == "even":  # amax first rounded to the element's mantissa, half up
+    else:  # "even": amax first rounded to the element's mantissa, half up
         e = e + (m >= 1 - 2.0 ** -(f.man_bits + 2)).to(e.dtype)
     # amax 0 or an fp32 subnormal reads as 2^-127, inf as 2^128: the float's exponent field
     e = torch.where(finite & (a >= _F32_MIN_NORMAL), e, -127)
@@ -89,28 +96,26 @@ def mx(x: torch.Tensor, precision="fp8_e4m3", *, block: int = 32,
     if f.name not in MX_ELEMENTS:
         raise ValueError(f"MX elements are {', '.join(MX_ELEMENTS)}; got {f.name}")
     x, blocks = _blocks(x, block, "mx")
-    amax = blocks.abs().amax(-1, keepdim=True)  # NaN when the block holds a NaN
+    amax = abs_max(blocks, -1)  # NaN when the block holds a NaN
     k = mx_scale_exponent(amax, f, mode)
     codes = (k + 127).to(torch.uint8)  # 0xFF: NaN
-    top = float(f.max_finite)
+    scale = torch.ldexp(torch.ones_like(amax), k.clamp(max=127))
     if mode == "rceil":
         # torchao multiplies by 2^-k, except: NaN stays NaN, a scale of 2^-127 multiplies by 1
         rcp = torch.ldexp(torch.ones_like(amax), -k.clamp(max=127))
         rcp = torch.where(codes == 0, 1.0, rcp)
         rcp = torch.where(codes == 255, math.nan, rcp)
-        scaled = blocks * rcp
     else:
         # torchao divides by 2^k as a float32 made from the exponent bits: 0xFF is inf, and the
-        # smallest, 2^-127, is raised to 2^-126 (the smallest normal) first
-        div = torch.ldexp(torch.ones_like(amax), k.clamp(max=127))
-        div = torch.where(codes == 255, math.inf, div.clamp(min=_F32_MIN_NORMAL))
-        scaled = blocks / div
-    values = round_to_format(scaled.clamp(-top, top), f)
-    scale = torch.ldexp(torch.ones_like(amax), k.clamp(max=127))
+        # smallest, 2^-127 (0x00), is raised to 2^-126 (the smallest normal) first. Times 2^-k
+        # is the same bits (2^-k is exact, 1 / inf is 0) and a faster pass than a division.
+        div = (codes.to(torch.int32) << 23).view(torch.float32).clamp_(min=_F32_MIN_NORMAL)
+        rcp = div.reciprocal_()
     scale = torch.where(codes == 255, math.nan, scale)
+    scaled, values, dequantized = scale_and_cast(blocks, rcp, f, scale)
     shape = x.shape
     return Quantized(f"MXFP{f.bits} ({f.name}, {mode})", f, x, scaled.reshape(shape),
-                     values.reshape(shape), scale.squeeze(-1), (values * scale).reshape(shape),
+                     values.reshape(shape), scale.squeeze(-1), dequantized.reshape(shape),
                      (1,) * (x.dim() - 1) + (block,), scale_bits=8,
                      scale_codes=codes.squeeze(-1))
 
@@ -130,11 +135,11 @@ def nvfp4(x: torch.Tensor, *, tensor_scale: bool = True, block: int = 16) -> Qua
     x, blocks = _blocks(x, block, "nvfp4")
     if x.dim() not in (2, 3):
         raise ValueError(f"nvfp4 takes a 2-D or 3-D tensor, got shape {tuple(x.shape)}")
-    amax = blocks.abs().amax(-1, keepdim=True)
+    amax = abs_max(blocks, -1)
     block_scale = amax / 6.0
     tiny, top8 = float(FP8_E4M3.min_normal), float(FP8_E4M3.max_finite)
     if tensor_scale:
-        ts = x.abs().amax() / (top8 * 6.0)
+        ts = abs_max(x) / (top8 * 6.0)
         e4m3 = _e4m3((block_scale / ts).clamp(tiny, top8))
         reciprocal = (1.0 / ts) / e4m3
         scale = ts * e4m3
@@ -143,11 +148,10 @@ def nvfp4(x: torch.Tensor, *, tensor_scale: bool = True, block: int = 16) -> Qua
         e4m3 = _e4m3(block_scale.clamp(tiny, top8))
         reciprocal = 1.0 / e4m3
         scale = e4m3
-    scaled = blocks * reciprocal
-    values = round_to_format(scaled.clamp(-6.0, 6.0), f)
+    scaled, values, dequantized = scale_and_cast(blocks, reciprocal, f, scale)
     shape = x.shape
     return Quantized(f"NVFP4{' (with tensor scale)' if tensor_scale else ''}", f, x,
                      scaled.reshape(shape), values.reshape(shape), scale.squeeze(-1),
-                     (values * scale).reshape(shape), (1,) * (x.dim() - 1) + (block,),
+                     dequantized.reshape(shape), (1,) * (x.dim() - 1) + (block,),
                      scale_bits=8, scale_codes=encode(e4m3, FP8_E4M3).squeeze(-1),
                      tensor_scale=ts)

@@ -9,11 +9,13 @@
     bench.bench_plot(record)              # speed-up against model size, and memory
     bench.compare_with_reference(record, bench.reference_results())
     bench.step_costs(model, batch)        # lesson 7: one step per precision, side by side
+    bench.quantizer_speed()               # mplab's FP8/MX/NVFP4 quantisers against torchao's
 
 `speed` holds the lessons' tables; `steps` one step's cost per precision, side by side;
 `sweep` the CLI's measurements (`BenchRow`s), `peaks` the FLOPs and datasheet peaks behind
 utilisation, `why` the words, `record` one run as the record the CLI prints and `--json`
-writes, `reference` other machines' records beside it, `plot` the figure.
+writes, `reference` other machines' records beside it, `plot` the figure, `quantizers` the
+cost of quantising a tensor (values per second, mplab beside torchao).
 """
 
 from mplab.hardware import (
@@ -27,6 +29,7 @@ from mplab.hardware import (
 )
 
 from .peaks import DATASHEET_TFLOPS, datasheet_gpu, datasheet_peak, mfu, training_flops
+from .quantizers import quantizer_record, quantizer_speed, quantizer_table
 from .record import lesson_bench, machine_name, record_table, run_plan
 from .reference import (
     REFERENCE_DIR,
@@ -55,7 +58,8 @@ __all__ = ["MatmulTiming", "time_matmul", "matmul_speed", "explain_matmul_speed"
            "training_flops", "UNITS", "cpu_features", "describe", "has_units",
            "resolve_device", "lesson_bench", "run_plan", "REFERENCE_DIR", "reference_results",
            "reference_filename", "compare_with_reference", "explain_reference", "bench_plot",
-           "record_table", "machine_name", "step_costs", "explain_step_costs", "size_effect"]
+           "record_table", "machine_name", "step_costs", "explain_step_costs", "size_effect",
+           "quantizer_speed", "quantizer_record", "quantizer_table"]
 
 
 def __getattr__(name: str):

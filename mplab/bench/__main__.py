@@ -6,10 +6,12 @@
 Measures fp32 against bf16 and fp16 (and tf32 on a GPU), side by side in one run: a matmul
 sweep (sizes that are and are not multiples of 8), then the lesson transformer's training step
 through `mplab.train` from the lesson model up to sizes where low precision pays (and on a GPU
-a >= 100M-parameter model). Prints a table, each row's explanation, the crossover and the
-targets; `--json` writes the record (`mplab.bench.record`): {"device", "rows": [...], "crossover",
-"targets", "meta": {date, device, versions, command, preset}, ...}, `--plot` the speed-up and
-memory figure.
+a >= 100M-parameter model); then the quantisers' own cost, mplab's FP8/MX/NVFP4 recipes against
+torchao's on one CPU thread (`mplab.bench.quantizers`). Prints a table, each row's explanation,
+the crossover, the targets and the quantisers' table; `--json` writes the record
+(`mplab.bench.record`): {"device", "rows": [...], "crossover", "targets", "meta": {date, device,
+versions, command, preset}, "quantizers": {"title", "note", "rows"}, ...}, `--plot` the
+speed-up and memory figure.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 
 from mplab.hardware import describe, resolve_device
 
-from .record import cli_command, record_table, run_plan
+from .quantizers import PRESETS, quantizer_record, quantizer_speed, quantizer_table
+from .record import cli_command, finite, record_table, run_plan
 from .sweep import Plan
 
 
@@ -64,6 +67,8 @@ def run(args: argparse.Namespace) -> dict:
               flush=True)
 
     result = run_plan(plan, progress, command=getattr(args, "command", None))
+    if not getattr(args, "lesson", False):  # --lesson's record is lesson_bench's: none there
+        result["quantizers"] = quantizers(plan.name)
     report(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
@@ -74,6 +79,23 @@ def run(args: argparse.Namespace) -> dict:
         bench_plot(result).savefig(args.plot)
         print(f"wrote {args.plot}")
     return result
+
+
+def quantizers(preset: str) -> dict | None:
+    """The quantisers' cost at the preset's size, as record data (None without torchao)."""
+    kwargs = PRESETS.get(preset, PRESETS["full"])
+    print(f"\nquantisers, mplab against torchao, a {kwargs['size'][0]}×{kwargs['size'][1]} "
+          "tensor on one CPU thread:", flush=True)
+
+    def progress(row):
+        print(f"  {row['recipe']:<16} mplab {row['mplab M values/s']:8.1f}, torchao "
+              f"{row['torchao M values/s']:8.1f} M values/s", flush=True)
+
+    try:
+        return finite(quantizer_record(quantizer_speed(**kwargs, progress=progress)))
+    except ImportError as err:
+        print(f"  skipped: {err}")
+        return None
 
 
 def report(result: dict) -> None:
@@ -101,6 +123,9 @@ def report(result: dict) -> None:
     print("\nTargets:")
     for line in result["targets"]:
         print(f"  {line}")
+    if result.get("quantizers"):
+        print()
+        print(quantizer_table(result["quantizers"]))
     print(f"\n{len(rows)} rows in {result['seconds']:.0f} s")
 
 
