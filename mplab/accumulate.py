@@ -240,9 +240,9 @@ def plot_accumulation(table: Table, pyplot: bool = True) -> Figure:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set(xlabel="K (length of each dot product)",
-           ylabel="relative error (Frobenius)", title=table.title or None)
+    ax.set(xlabel="K (length of each dot product)", ylabel="relative error (Frobenius)",
+           title=(table.title + "\n" if table.title else "")
+           + "a model of the hardware, not the hardware")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.text(0.99, 0.01, "a model of the hardware, not the hardware", ha="right", fontsize=7)
     return fig
