@@ -283,6 +283,10 @@ WIDGET_CELLS = [
     # lesson 7's failure lab
     "from mplab.widgets.lesson7 import failure_lab\n"
     "lab_panel = failure_lab('no_scaler', steps=10)\nlab_panel",
+    # lesson 9's recipe explorer, over a layer of the lesson model as initialised
+    "from mplab import lessons, lowbit\nfrom mplab.widgets.lesson9 import recipe_explorer\n"
+    "recipes = recipe_explorer(lowbit.layer_tensors(lessons.lesson_capture(steps=0), "
+    "'bert.encoder.layer.0.intermediate.dense'), recipe='MXFP4')\nrecipes",
 ]
 
 
@@ -475,3 +479,24 @@ def test_running_a_failure_and_its_fix_in_the_failure_lab_in_jupyterlab(workbook
         assert panel.locator(".mplab-lab-run-button").is_enabled()
         panel.screenshot(path=str(tmp_path / "failure-lab-lab.png"))
 
+
+
+def test_picking_a_recipe_and_a_block_in_the_recipe_explorer_in_jupyterlab(workbook, tmp_path):
+    """Lesson 9's explorer: pick NVFP4 in the recipe menu, read its figures on the page (the
+    same the kernel's widget holds), then MXFP8 with blocks of 8."""
+    page, client = workbook
+    with screenshot_on_failure(page, tmp_path / "recipes.png"):
+        panel = page.locator(".mplab-recipes")
+        view = panel.locator(".mplab-recipes-view")
+        view.filter(has_text="MXFP4, block 32").wait_for()
+        panel.locator(".mplab-recipes-recipe select").select_option("NVFP4")
+        view.filter(has_text="NVFP4").wait_for()
+        sqnr = kernel_value(client, "recipes.rows.rows[0]['SQNR (dB)']")
+        assert kernel_value(client, "recipes.rows.title") == "'NVFP4'"
+        assert sqnr in view.inner_text()
+        panel.locator(".mplab-recipes-recipe select").select_option("MXFP8")
+        view.filter(has_text="MXFP8, block 32").wait_for()
+        panel.locator(".mplab-recipes-block select").select_option("8")
+        view.filter(has_text="MXFP8, block 8").wait_for()
+        assert kernel_value(client, "recipes.quantized.block") == "(1, 8)"
+        assert kernel_value(client, "recipes.message.value") == "''"
