@@ -10,6 +10,8 @@ tests hold within 5 % of the bytes every rank of a real run holds.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from mplab import plan
@@ -280,6 +282,7 @@ EXERCISES = {e.id: e for e in in_order([
 ])}
 
 
+@functools.cache  # the model is built once, not on every check of 8.4
 def _lesson_parameters() -> int:
     from mplab import models
 
