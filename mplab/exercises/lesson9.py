@@ -207,9 +207,9 @@ EXERCISES = {e.id: e for e in in_order([
         prompt="`mx_block` above holds the 32 values of one MXFP8 block (elements fp8 e4m3). "
                "Which E8M0 code does its shared scale get under the OCP MX rule, torchao's "
                "`ScaleCalculationMode.FLOOR`? The rule: the scale is 2^(floor(log2(amax)) - "
-               "emax), amax the block's largest magnitude and emax the largest power of two "
-               "e4m3 holds; E8M0 stores the exponent plus a bias of 127. Give the code, a "
-               "whole number from 0 to 254; the check asks torchao's `to_mx`.",
+               "emax), amax the block's largest magnitude and emax the exponent of the largest "
+               "power of two e4m3 holds; E8M0 stores the exponent plus a bias of 127. Give "
+               "the code, a whole number from 0 to 254; the check asks torchao's `to_mx`.",
         comment="the E8M0 code of the block's scale",
         body="answer = ...  # an integer, 0 to 254",
         key="amax = mx_block.abs().max().item()\n"
@@ -225,9 +225,11 @@ EXERCISES = {e.id: e for e in in_order([
         )),
     Exercise(
         id="9.2", title="A block size against outliers",
-        prompt="`spiky` above (64 x 512) holds small values, about 0.01, and in each row one "
-               "outlier of 10 in every 64 values. A block that holds an outlier gets a scale "
-               "large enough for it, and its small values flush to 0 in fp4. Of MXFP4's block "
+        prompt="`spiky` above (64 x 512) holds small values (normal, standard deviation "
+               "0.01) and, in each row, one outlier of 10 at a random place in each aligned run "
+               "of 64 values (columns 0-63, 64-127, ...). A block that holds an outlier gets a "
+               "scale large enough for it, and its small values flush to 0 in fp4. Of MXFP4's "
+               "block "
                f"sizes {', '.join(map(str, BLOCKS_9_2))}, which costs the fewest bytes per "
                f"value while flushing under {FLUSH_LIMIT_9_2:.0%} of its values to 0? "
                "`lowbit.apply(\"MXFP4\", spiky, block)` returns what a block size does "
@@ -249,9 +251,10 @@ EXERCISES = {e.id: e for e in in_order([
         id="9.3", title="Which steps saturate",
         prompt="A run casts its gradients to e4m3 with delayed scaling, "
                f"`DelayedScaling(history_len={SETTINGS_9_3['history_len']}, algo=\"max\", "
-               f"margin={SETTINGS_9_3['margin']})`: step t's scale is 448 / (the largest amax "
-               f"of the {SETTINGS_9_3['history_len']} steps before t), the first step's scale "
-               "is 1, and a step's own amax joins the history only after it is cast. The "
+               f"margin={SETTINGS_9_3['margin']})`: step t's values are multiplied by 448 / (the "
+               f"largest amax of the up to {SETTINGS_9_3['history_len']} steps before t) before "
+               "the cast, the first step's by 1, and a step's own amax joins the history only "
+               "after it is cast. The "
                f"gradients' amax at steps 0 to {len(AMAX_9_3) - 1} (`amaxes` above) are "
                f"{', '.join(f'{a:g}' for a in AMAX_9_3)}. At which steps do values saturate "
                "(get clamped at 448)? Answer with a list of step numbers; the check runs "
@@ -276,10 +279,12 @@ EXERCISES = {e.id: e for e in in_order([
         id="9.4", title="NVFP4's two-level scale", points=2,
         prompt="Write `nvfp4_scales(x)`: for a float32 tensor `x` of shape (rows, cols), cols "
                "a multiple of 16, return `(tensor_scale, block_scales)` as NVFP4 stores them. "
-               "`tensor_scale` is one float32 number: x's amax divided by (448 x 6), E4M3's "
-               "largest times fp4's largest. `block_scales` has shape (rows, cols // 16), one "
+               "`tensor_scale` is one float32 number (a 0-d tensor): x's amax divided by "
+               "(448 x 6), E4M3's largest times fp4's largest. `block_scales` has shape "
+               "(rows, cols // 16), one "
                "per 16 consecutive values of a row: the block's amax divided by 6, then by "
-               "`tensor_scale`, clamped to E4M3's normal range [2^-6, 448], rounded to E4M3 "
+               "`tensor_scale`, clamped to E4M3's normal range [2^-6, 448] (torchao keeps the "
+               "block scales off E4M3's subnormals), rounded to E4M3 "
                "(`.to(torch.float8_e4m3fn)`) and returned as float32. Compute in float32, "
                "dividing in the order given. The check compares with torchao's "
                "`nvfp4_quantize` bit for bit; the grader also tries inputs it draws.",

@@ -318,7 +318,7 @@ def fp8_table(runs: dict[str, TrainResult], baseline: str = "bf16", last: int = 
         flushed = _median_share(r.config.get("fp8", {}).get("grad_flushed", []))
         zeros = _median_share(r.zero_grad_fractions)
         rows.append({"recipe": name, "what ran": r.config.get("label", name),
-                     "final loss": round(_tail(r.losses, last), 4),
+                     f"loss, last {last}": round(_tail(r.losses, last), 4),
                      f"vs {baseline}, last {last}": f"{r.versus(base, last)['loss_change']:+.1%}",
                      f"mean loss vs {baseline}": f"{mean_loss_gap(r, base):+.1%}",
                      "steps": len(r.losses),
