@@ -105,6 +105,15 @@ def run_cell(source: str, **names):
     return eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace), namespace
 
 
+def feedback(xid: str, answer) -> str:
+    """What a fresh check of `answer` says, asserting it did not pass (failed, or an error)."""
+    ex = lesson_of(xid)
+    ex.LESSON.reset()
+    result = ex.check(xid, answer)
+    assert result.status in ("failed", "error"), result
+    return result.message
+
+
 def failed_saying(result, *words, hiding=()):
     """Assert a check failed (0 points), its feedback mentions each of `words` (the concept
     missed), gives away none of `hiding` (the answer) and shows no traceback."""

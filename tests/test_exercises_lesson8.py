@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import feedback as message
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from mplab import plan
 from mplab.exercises import lesson8 as ex
 
 pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-def message(xid, answer):
-    ex.LESSON.reset()
-    result = ex.check(xid, answer)
-    assert result.status in ("failed", "error"), result
-    return result.message
 
 
 def test_8_1_the_policy_is_read_field_by_field():

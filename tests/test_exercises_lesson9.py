@@ -8,18 +8,12 @@ import math
 
 import pytest
 import torch
+from conftest import feedback as message
 
 from mplab import lowbit, quantize
 from mplab.exercises import lesson9 as ex
 
 pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-def message(xid, answer):
-    ex.LESSON.reset()
-    result = ex.check(xid, answer)
-    assert result.status in ("failed", "error"), result
-    return result.message
 
 
 def test_9_1_is_torchaos_floor_scale_and_names_the_usual_slips():
