@@ -152,6 +152,6 @@ def test_sync_refuses_a_cell_tagged_with_an_exercise_the_library_lacks(lesson3_c
     assert sync.main([str(copy)]) == 2
     assert "unknown exercise '3.9' in lesson 3; accepted: '3.1'" in capsys.readouterr().err
     assert copy.read_bytes() == tagged_wrong  # nothing written
-    edit(copy, lambda cells, at: cells[at["3.9"]].metadata["mplab"].update(exercise="9.1"))
+    edit(copy, lambda cells, at: cells[at["3.9"]].metadata["mplab"].update(exercise="99.1"))
     assert sync.main([str(copy)]) == 2
-    assert "there is no lesson 9" in capsys.readouterr().err
+    assert "there is no lesson 99" in capsys.readouterr().err
