@@ -278,3 +278,15 @@ def test_bad_input_says_what_is_accepted():
         fp8.fp8_table([1, 2])
     assert math.isnan(fp8.mean_loss_gap(TrainResult("fp8", "fp8", "cpu", "m"), TrainResult(
         "fp8", "fp8", "cpu", "m")))
+
+
+def test_the_bf16_baseline_is_real_autocast_where_the_machine_has_units(machine):
+    """Depends on the CPU's units (the `machine` fixture runs it as each kind): with bf16
+    units the baseline is torch.autocast's bf16, without them bf16-rounded operands in fp32,
+    and the label says which."""
+    run = fp8.fp8_run("bf16", steps=2, batch_size=8)
+    assert len(run.losses) == 2 and all(math.isfinite(x) for x in run.losses)
+    if machine.cpu_bf16 or machine.device == "cuda":
+        assert run.compute_dtype == torch.bfloat16 and "emulated" not in run.config["label"]
+    else:
+        assert run.compute_dtype == torch.float32 and "emulated" in run.config["label"]

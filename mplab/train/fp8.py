@@ -244,6 +244,7 @@ def fp8_run(recipe: str = "mplab", *, steps: int = STEPS, batch_size: int = 32, 
     """Train the lesson model's warm start with one recipe of `RECIPES`; its `TrainResult`
     (`config["label"]` says what ran, `config["emulated"]` whether the casts were emulated)."""
     _checked_recipe(recipe)
+    load_torchao()  # quietly, before transformers imports it loading the model
     return _train(recipe, fp8_batches(steps, batch_size, seed), lr=_checked_lr(lr), seed=seed,
                   device=resolve_device(device))
 
