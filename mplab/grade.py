@@ -21,6 +21,10 @@ Exercise cells are found by their metadata ``{"mplab": {"exercise": "1.1"}}`` (e
 lessonN`` line. ``--with-solutions`` swaps every exercise cell for the exercise's
 ``solution_code``, so an instructor can confirm the key earns full marks.
 
+The report also flags, per cell, code that reaches for the grading itself (the grade log or
+the grader's environment, patching mplab's exercises, reading the answer key, importing a
+lesson's internals: :mod:`mplab.tamper`). Flagged, not failed: the instructor decides.
+
 Exit status 0 whenever grading completed, whatever the score; 2 for misuse (no such file, not a
 notebook, no lesson to grade).
 """
@@ -55,6 +59,7 @@ import mplab
 import mplab.exercises as exercises
 from mplab._display import Table
 from mplab.exercises import CELL_METADATA_KEY, GRADE_LOG_ENV, GRADING_ENV, STATUSES
+from mplab.tamper import tamper_flags
 
 __all__ = ["grade_notebook", "GradingError", "exercise_id", "main"]
 
@@ -222,7 +227,8 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
 
     Returns ``{"notebook", "lesson", "total", "max", "exercises": [{"id", "status", "points",
     "max_points", "message", "solution_viewed", "attempts"}], "problems": [{"cell",
-    "exercise", "problem"}], "with_solutions", "elapsed_s"}``; status is one of "passed",
+    "exercise", "problem"}], "flags": [{"cell", "exercise", "what", "line", "code"}],
+    "with_solutions", "elapsed_s"}``; status is one of "passed",
     "failed", "not attempted", "error" (the last check's; "attempts" lists every check's, in
     order); a problem's "cell" is its position in the notebook, counting from 1.
     `executed`: a path to also write the notebook as it ran, outputs included (what the
@@ -237,6 +243,7 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
     nb = _read(path)
     lesson = _lesson_module(nb, path)
     cell_exercise = {i: exercise_id(c) for i, c in enumerate(nb.cells) if c.cell_type == "code"}
+    flags = tamper_flags(nb, (GRADE_LOG_ENV, GRADING_ENV), exercise_id)  # as submitted
     if with_solutions:
         for i, xid in cell_exercise.items():
             if xid in lesson.EXERCISES:
@@ -289,6 +296,7 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
         "max": sum(r["max_points"] for r in exercises_out),
         "exercises": exercises_out,
         "problems": problems,
+        "flags": flags,
         "with_solutions": with_solutions,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
@@ -336,6 +344,8 @@ def main(argv=None) -> int:
     for p in report["problems"]:  # those of exercise cells are in the table already
         if p["exercise"] not in graded:
             print(f"cell {p['cell']}: {p['problem']}")
+    for f in report["flags"]:  # evidence for the instructor, who decides: nothing is failed
+        print(f"flagged ({f['what']}): cell {f['cell']}, line {f['line']}: {f['code']}")
     print(f"Total: {report['total']:g}/{report['max']:g} points ({report['elapsed_s']:g} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
