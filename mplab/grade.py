@@ -226,7 +226,7 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
     """Run a notebook in a fresh kernel and score its exercises.
 
     Returns ``{"notebook", "lesson", "total", "max", "exercises": [{"id", "status", "points",
-    "max_points", "message", "solution_viewed", "attempts"}], "problems": [{"cell",
+    "max_points", "message", "solution_viewed", "attempts", "decided"}], "problems": [{"cell",
     "exercise", "problem"}], "flags": [{"cell", "exercise", "what", "line", "code"}],
     "with_solutions", "elapsed_s"}``; status is one of "passed",
     "failed", "not attempted", "error" (the last check's; "attempts" lists every check's, in
@@ -268,6 +268,8 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
                   "solution_viewed": False, "attempts": []}
             for xid, ex in lesson.EXERCISES.items()}
     problems = []
+    for xid, row in rows.items():
+        row["decided"] = "in-kernel" if lesson.EXERCISES[xid].kernel_reason else "grader"
     for event in run.events:  # in order: the last word on each exercise counts
         if event[0] == "log":
             record = event[1]
@@ -276,6 +278,8 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
                 continue
             if record.get("event") == "solution":
                 row["solution_viewed"] = True
+            elif record.get("event") == "check" and row["decided"] == "grader":
+                _regrade(lesson, row, record, flags)
             elif record.get("event") == "check" and record.get("status") in STATUSES:
                 row["attempts"].append(record["status"])
                 points = record.get("points", 0)
@@ -302,6 +306,27 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
     }
 
 
+def _regrade(lesson, row: dict, record: dict, flags: list) -> None:
+    """Score one check from the answer its record carries, checked here in the grader's
+    process: the status the learner's kernel wrote is evidence, never the score."""
+    xid = row["id"]
+    try:
+        result = lesson.LESSON.regrade(xid, record.get("answer"))
+    except ValueError as e:  # a record with no answer the grader can read: a forged line?
+        row["attempts"].append("error")
+        row.update(status="error", points=0,
+                   message=f"The grade log's record of this check is not one mplab wrote: {e}.")
+        flags.append({"cell": None, "exercise": xid, "what": "grade log", "line": None,
+                      "code": f"a log record for {xid} that carries no answer: {e}"})
+        return
+    row["attempts"].append(result.status)
+    row.update(status=result.status, points=result.points, message=result.message)
+    if record.get("status") != result.status:
+        flags.append({"cell": None, "exercise": xid, "what": "grade log", "line": None,
+                      "code": f"the log says {xid} {record.get('status')!r}; its answer, "
+                              f"checked by the grader, is {result.status!r}"})
+
+
 def report_table(report: dict) -> Table:
     """The report as a table: one row per exercise."""
     def short(text: str, width: int = 72) -> str:
@@ -311,6 +336,7 @@ def report_table(report: dict) -> Table:
     return Table([{"exercise": r["id"], "status": r["status"],
                    "points": f"{r['points']:g}/{r['max_points']:g}",
                    "solution viewed": "yes" if r.get("solution_viewed") else "",
+                   "decided by": r.get("decided", ""),
                    "feedback": short(r.get("message", ""))} for r in report["exercises"]],
                  title=f"{report['notebook']} ({report['lesson']}"
                        + (", graded with the reference solutions)" if report["with_solutions"]
@@ -340,12 +366,17 @@ def main(argv=None) -> int:
         print(f"mplab.grade: error: {e}", file=sys.stderr)
         return 2
     print(report_table(report))
+    in_kernel = [r["id"] for r in report["exercises"] if r["decided"] == "in-kernel"]
+    if in_kernel:
+        print("scored from the learner's kernel (its own checks, as logged): "
+              + ", ".join(in_kernel))
     graded = {r["id"] for r in report["exercises"]}
     for p in report["problems"]:  # those of exercise cells are in the table already
         if p["exercise"] not in graded:
             print(f"cell {p['cell']}: {p['problem']}")
     for f in report["flags"]:  # evidence for the instructor, who decides: nothing is failed
-        print(f"flagged ({f['what']}): cell {f['cell']}, line {f['line']}: {f['code']}")
+        where = f"cell {f['cell']}, line {f['line']}" if f["cell"] else f"exercise {f['exercise']}"
+        print(f"flagged ({f['what']}): {where}: {f['code']}")
     print(f"Total: {report['total']:g}/{report['max']:g} points ({report['elapsed_s']:g} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -10,6 +10,7 @@ import json
 import pytest
 from conftest import exercise_ids, lesson_of, lessons, notebook_names, run_cell
 
+from mplab import exercises
 from mplab.exercises import STATUSES, choice_list, python_block
 from mplab.exercises import lesson1 as ex1
 
@@ -64,6 +65,28 @@ def test_the_reference_cell_passes_with_full_points_and_says_which_checks_ran(xi
     assert result.passed and result.points == ex.points, result
     assert result.message == ("Passed." if ex.hidden is None else
                               "Passed: public and hidden checks.")
+
+
+@pytest.mark.parametrize("xid", IDS)
+def test_the_grader_checks_the_key_again_from_the_data_the_kernel_logs(xid, tmp_path,
+                                                                       monkeypatch):
+    """Each exercise the grader decides: the key's answer, packed into the log record as the
+    kernel writes it, read back in this process and checked here passes with full points; an
+    exercise left to the kernel says why in its definition."""
+    ex = exercise(xid)
+    if ex.kernel_reason:
+        assert ex.takes_function or ex.in_kernel, xid
+        return
+    log = tmp_path / "grade.jsonl"
+    monkeypatch.setenv("MPLAB_GRADE_LOG", str(log))
+    run_cell(ex.solution_code, **notebook_names(xid))
+    record = json.loads(log.read_text().splitlines()[-1])
+    monkeypatch.delenv("MPLAB_GRADE_LOG")
+    lesson = lesson_of(xid)
+    regraded = lesson.LESSON.regrade(xid, json.loads(json.dumps(record["answer"])))
+    assert regraded.passed and regraded.points == ex.points, regraded
+    with pytest.raises(ValueError, match="carries no answer"):
+        lesson.LESSON.regrade(xid, {"torch": None})
 
 
 @pytest.mark.parametrize("xid", IDS)
@@ -163,9 +186,12 @@ def test_every_check_hint_and_reveal_is_logged_for_the_grader(tmp_path, monkeypa
     ex1.hint("1.2")
     ex1.solution("1.3")
     records = [json.loads(line) for line in log.read_text().splitlines()]
+    answer = records[0].pop("answer")  # what the grader checks again, in its own process
     assert records[0] | {"message": ""} == {"event": "check", "id": "1.2", "status": "failed",
                                              "points": 0, "max_points": 1, "message": "",
                                              "code": ""}
+    assert exercises.unpack_answer(answer) == 65535
+    assert ex1.LESSON.regrade("1.2", answer).status == "failed"
     assert records[1:] == [{"event": "hint", "id": "1.2", "stage": 1},
                            {"event": "solution", "id": "1.3"}]
 

@@ -37,7 +37,7 @@ from typing import Any
 __all__ = ["Result", "Exercise", "Lesson", "Incorrect", "STATUSES", "is_blank", "untouched",
            "cell", "choice_list", "one_letter", "multiple_choice", "same_tensors", "in_order",
            "python_block", "grading", "as_number", "call", "GRADING_ENV", "GRADE_LOG_ENV",
-           "CELL_METADATA_KEY"]
+           "CELL_METADATA_KEY", "pack_answer", "unpack_answer", "MAX_ANSWER_BYTES"]
 
 #: The statuses a check can end in (hint() and solution() results use "hint" and "solution").
 STATUSES = ("passed", "failed", "not attempted", "error")
@@ -262,6 +262,7 @@ class Exercise:
     points: int = 1
     arg: str = "answer"
     blank: Callable[[Any], bool] | None = None
+    in_kernel: str = ""  # why the grader cannot check this answer in its own process, if so
 
     @property
     def starter(self) -> str:
@@ -272,6 +273,22 @@ class Exercise:
     def solution_code(self) -> str:
         """That cell filled in with the reference answer."""
         return cell(f"{self.id}: {self.comment}", self.key, self.id, self.arg)
+
+    @property
+    def takes_function(self) -> bool:
+        """Whether the answer is a function the learner writes (the starter binds one)."""
+        return callable(_starter_value(self.body, self.arg))
+
+    @property
+    def kernel_reason(self) -> str:
+        """Why this exercise's score comes from the learner's kernel; "" when the grader
+        checks the answer itself, from the data the kernel hands back."""
+        if self.in_kernel:
+            return self.in_kernel
+        if self.takes_function:
+            return ("its answer is a function, and the grader does not yet draw inputs for it "
+                    "in its own process")
+        return ""
 
     def is_blank(self, answer) -> bool:
         """Not attempted: `blank`'s verdict, or else whether the answer is still what the
@@ -326,8 +343,31 @@ class Lesson:
         """Check an answer: "passed", "failed" (and why), "not attempted" or "error"."""
         ex = self.get(id)
         result = self._check(ex, answer)
-        _log({"event": "check", **result.as_dict()})
+        record = {"event": "check", **result.as_dict()}
+        if os.environ.get(GRADE_LOG_ENV) and not ex.kernel_reason:
+            # the grader checks the answer again, itself; a blank needs no checking
+            record["answer"] = ({"blank": True} if result.status == "not attempted"
+                                else pack_answer(answer))
+        _log(record)
         return result
+
+    def regrade(self, id, data) -> Result:
+        """Check an answer the grader unpacked from a log record (:func:`pack_answer`'s data),
+        here, in the grader's own process, with the hidden checks on: the score no line the
+        learner's kernel wrote can decide. Raises ValueError for data that is not an answer."""
+        ex = self.get(id)
+        if isinstance(data, dict) and data.get("blank") is True:
+            return Result(ex.id, "not attempted", 0, ex.points, "Not attempted.")
+        answer = unpack_answer(data)
+        saved = os.environ.get(GRADING_ENV)
+        os.environ[GRADING_ENV] = "1"
+        try:
+            return self._check(ex, answer)
+        finally:
+            if saved is None:
+                os.environ.pop(GRADING_ENV, None)
+            else:
+                os.environ[GRADING_ENV] = saved
 
     def hint(self, id) -> Result:
         """The next hint for an exercise: concept, then API, then nearly the answer."""
@@ -405,6 +445,98 @@ class Lesson:
             return result("passed", "Passed: public and hidden checks.")
         return result("passed", "Public checks passed. (Hidden checks run when the notebook "
                       "is graded.)")
+
+
+#: The largest answer a log record carries (a tensor of a quarter of a million floats).
+MAX_ANSWER_BYTES = 1 << 20
+_TAG = "__mplab_answer__"
+
+
+def _plain(value):
+    """value with what torch.load(weights_only=True) refuses made plain, tagged so that
+    :func:`_restored` gives it back: Fractions, Decimals, sets, numpy scalars and arrays."""
+    import decimal
+    import fractions
+
+    if isinstance(value, fractions.Fraction):
+        return {_TAG: "fraction", "n": str(value.numerator), "d": str(value.denominator)}
+    if isinstance(value, decimal.Decimal):
+        return {_TAG: "decimal", "text": str(value)}
+    if isinstance(value, set | frozenset):
+        return {_TAG: "set", "items": [_plain(v) for v in value]}
+    if isinstance(value, list | tuple):
+        items = [_plain(v) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if type(value).__module__ == "numpy":  # a numpy scalar or array, as torch holds it
+        import torch
+
+        return value.item() if getattr(value, "ndim", 1) == 0 else torch.from_numpy(value)
+    return value
+
+
+def _restored(value):
+    import decimal
+    import fractions
+
+    if isinstance(value, dict) and value.get(_TAG) == "fraction":
+        return fractions.Fraction(int(value["n"]), int(value["d"]))
+    if isinstance(value, dict) and value.get(_TAG) == "decimal":
+        return decimal.Decimal(value["text"])
+    if isinstance(value, dict) and value.get(_TAG) == "set":
+        return {_restored(v) for v in value["items"]}
+    if isinstance(value, list | tuple):
+        items = [_restored(v) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, dict):
+        return {k: _restored(v) for k, v in value.items()}
+    return value
+
+
+def pack_answer(answer) -> dict:
+    """An answer as data for the grader: ``{"torch": base64 of torch.save's bytes}`` for a value
+    ``torch.load(weights_only=True)`` reads back (numbers, text, lists, dicts, tensors, dtypes,
+    and Fractions, Decimals, sets and numpy values made plain: nothing that runs code when
+    loaded), else ``{"unpacked": why}``."""
+    import base64
+    import io
+
+    import torch  # only while grading
+
+    buffer = io.BytesIO()
+    try:
+        torch.save(_plain(answer), buffer)
+        torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    except Exception as e:
+        return {"unpacked": f"a {type(answer).__name__}, which the grader does not read back "
+                            f"({type(e).__name__})"}
+    if buffer.tell() > MAX_ANSWER_BYTES:
+        return {"unpacked": f"{buffer.tell()} bytes, more than {MAX_ANSWER_BYTES}"}
+    return {"torch": base64.b64encode(buffer.getvalue()).decode("ascii")}
+
+
+def unpack_answer(data):
+    """The answer :func:`pack_answer` packed; ValueError for anything else (a forged or
+    truncated record), and for an answer it could not pack."""
+    import base64
+    import binascii
+    import io
+    import pickle
+
+    import torch
+
+    if not isinstance(data, dict) or not isinstance(data.get("torch"), str):
+        why = data.get("unpacked") if isinstance(data, dict) else None
+        raise ValueError(f"the record carries no answer ({why or 'nothing packed'})")
+    try:
+        raw = base64.b64decode(data["torch"], validate=True)
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise ValueError(f"{len(raw)} bytes, more than {MAX_ANSWER_BYTES}")
+        return _restored(torch.load(io.BytesIO(raw), weights_only=True))
+    except (binascii.Error, ValueError, RuntimeError, EOFError, OSError,
+            pickle.UnpicklingError) as e:
+        raise ValueError(f"the record's answer does not read back: {type(e).__name__}") from None
 
 
 def _log(record: dict) -> None:
