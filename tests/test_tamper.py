@@ -11,7 +11,7 @@ import pytest
 
 from mplab import exercises
 from mplab.grade import exercise_id, grade_notebook
-from mplab.tamper import KINDS, tamper_flags
+from mplab.grade.tamper import KINDS, tamper_flags
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 LESSON_1 = NOTEBOOKS / "01_float_formats.ipynb"

@@ -23,7 +23,7 @@ lessonN`` line. ``--with-solutions`` swaps every exercise cell for the exercise'
 
 The report also flags, per cell, code that reaches for the grading itself (the grade log or
 the grader's environment, patching mplab's exercises, reading the answer key, importing a
-lesson's internals: :mod:`mplab.tamper`). Flagged, not failed: the instructor decides.
+lesson's internals: :mod:`mplab.grade.tamper`). Flagged, not failed: the instructor decides.
 
 Exit status 0 whenever grading completed, whatever the score; 2 for misuse (no such file, not a
 notebook, no lesson to grade).
@@ -45,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-if __name__ == "__main__":
+if sys.argv[:1] == ["-m"]:  # started as `python -m mplab.grade` (runpy imports us first)
     # nbformat validates with jsonschema, which builds an IRI grammar at import when the
     # optional rfc3987-syntax is installed (3.4 s of a 5 s start; jupyter-events pulls it in).
     # A notebook holds no IRIs to check: the grading command goes without it.
@@ -59,7 +59,7 @@ import mplab
 import mplab.exercises as exercises
 from mplab._display import Table
 from mplab.exercises import CELL_METADATA_KEY, GRADE_LOG_ENV, GRADING_ENV, STATUSES
-from mplab.tamper import tamper_flags
+from mplab.grade.tamper import tamper_flags
 
 __all__ = ["grade_notebook", "GradingError", "exercise_id", "main"]
 
@@ -382,6 +382,3 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
