@@ -43,6 +43,11 @@ HOSTILE = {
         "import mplab.grade",
         "from mplab.exercises import Exercise",
     ],
+    "outside files": [
+        "answer = open('/srv/class/ada.ipynb').read()",
+        "import os\nprint(os.listdir('..'))",
+        "from pathlib import Path\ntext = Path('~/key/lesson1.py').read_text()",
+    ],
 }
 
 

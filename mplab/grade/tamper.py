@@ -14,7 +14,9 @@ credit would want them shown:
 - "answer key": reading it (``ex.solution(...)``, ``.solution_code``, ``.key``,
   ``inspect.getsource`` of an exercise object);
 - "solution module": importing a lesson's internals or the grader (``from
-  mplab.exercises.lesson1 import ...``, ``mplab.grade``).
+  mplab.exercises.lesson1 import ...``, ``mplab.grade``);
+- "outside files": opening or listing a path outside the submission's own folder (absolute,
+  ``~`` or ``..``): another submission's, or the key's.
 
 Flagged, not failed: a flag is evidence for the instructor, who decides. What syntax cannot see
 (code built from strings and run with exec, say) it cannot flag: ``exec`` and ``eval`` are
@@ -28,7 +30,9 @@ import ast
 
 __all__ = ["tamper_flags", "KINDS"]
 
-KINDS = ("grade log", "patches", "answer key", "solution module")
+KINDS = ("grade log", "patches", "answer key", "solution module", "outside files")
+_FILE_CALLS = {"open", "Path", "listdir", "scandir", "glob", "iglob", "walk", "copy",
+               "copyfile", "copytree", "read_text", "read_bytes", "rmtree", "remove"}
 _KEY_ATTRS = {"solution", "solution_code", "key", "_check", "hidden"}
 _PATCH_CALLS = {"setattr", "delattr", "exec", "eval", "__import__"}
 
@@ -86,6 +90,11 @@ def _cell_flags(tree: ast.AST, watched: set[str], ours: set[str]) -> list[tuple[
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
                 node.func.id in _PATCH_CALLS):
             found.append(("patches", node))
+        elif isinstance(node, ast.Call) and _dotted(node.func).split(".")[-1] in _FILE_CALLS \
+                and any(isinstance(a, ast.Constant) and isinstance(a.value, str)
+                        and (a.value.startswith(("/", "~")) or ".." in a.value)
+                        for a in node.args):  # outside the submission's own folder
+            found.append(("outside files", node))
         elif isinstance(node, ast.Call) and _dotted(node.func).split(".")[-1] in (
                 "getsource", "getsourcelines", "getsourcefile") and node.args and (
                 _dotted(node.args[0]).split(".")[0] in ours):  # the source of a check

@@ -1,0 +1,403 @@
+"""Grade a lesson notebook: run it in a fresh kernel with a time limit, score each exercise.
+
+    python -m mplab.grade NOTEBOOK [--json FILE] [--timeout S] [--cell-timeout S] [--with-solutions]
+
+The notebook runs cell by cell in a fresh "python3" kernel, from its own folder, with
+MPLAB_GRADING=1 (hidden checks on) and MPLAB_GRADE_LOG=<file> (each ex.check / hint / solution
+appends a JSON line). The grader reads the new lines after every cell, so each result belongs to
+the cell that produced it, and the last word on an exercise counts.
+
+A learner's mistake costs that exercise's points, never the report:
+
+- a cell that raises marks its exercise "error", and the run goes on in the same kernel;
+- a cell that runs past --cell-timeout (even one that swallows KeyboardInterrupt) or kills the
+  kernel (``os._exit``) marks its exercise "error"; the grader starts a new kernel, replays the
+  cells that succeeded before (discarding their log lines), and goes on with the next cell;
+- --timeout bounds the whole run, kernel starts and replays included: cells it leaves unrun
+  mark their exercises "error".
+
+Exercise cells are found by their metadata ``{"mplab": {"exercise": "1.1"}}`` (else by an
+``ex.check("1.1", ...)`` call in the source); the lesson by its ``from mplab.exercises import
+lessonN`` line. ``--with-solutions`` swaps every exercise cell for the exercise's
+``solution_code``, so an instructor can confirm the key earns full marks.
+
+The report also flags, per cell, code that reaches for the grading itself (the grade log or
+the grader's environment, patching mplab's exercises, reading the answer key, importing a
+lesson's internals: :mod:`mplab.grade.tamper`). Flagged, not failed: the instructor decides.
+
+Exit status 0 whenever grading completed, whatever the score; 2 for misuse (no such file, not a
+notebook, no lesson to grade).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import logging
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if sys.argv[:1] == ["-m"]:  # started as `python -m mplab.grade` (runpy imports us first)
+    # nbformat validates with jsonschema, which builds an IRI grammar at import when the
+    # optional rfc3987-syntax is installed (3.4 s of a 5 s start; jupyter-events pulls it in).
+    # A notebook holds no IRIs to check: the grading command goes without it.
+    sys.modules.setdefault("rfc3987_syntax", None)
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+import mplab
+import mplab.exercises as exercises
+from mplab._display import Table
+from mplab.exercises import CELL_METADATA_KEY, GRADE_LOG_ENV, GRADING_ENV, STATUSES
+from mplab.grade.tamper import tamper_flags
+
+__all__ = ["grade_notebook", "GradingError", "exercise_id", "parser", "run",
+           "report_table"]
+
+_LESSON_IMPORT = re.compile(r"from\s+mplab\.exercises\s+import\s+(lesson\d+)\b"
+                            r"|(?:from|import)\s+mplab\.exercises\.(lesson\d+)\b")
+_CHECK_CALL = re.compile(r"""\bcheck\(\s*["'](\d+\.\d+)["']""")
+_QUIET = logging.getLogger("mplab.grade.kernel")  # nbclient logs every timeout as an error
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+class GradingError(Exception):
+    """The grader was misused: no such notebook, not a notebook, or no lesson to grade."""
+
+
+def exercise_id(cell) -> str | None:
+    """The exercise a code cell answers: its mplab metadata, else its first check("N.M", ...)."""
+    meta = cell.get("metadata", {}).get(CELL_METADATA_KEY)
+    if isinstance(meta, dict) and meta.get("exercise"):
+        return str(meta["exercise"])
+    match = _CHECK_CALL.search(cell.get("source", ""))
+    return match.group(1) if match else None
+
+
+def _read(path: Path):
+    if not path.is_file():
+        raise GradingError(f"no such notebook: {path}")
+    try:
+        return nbformat.read(path, as_version=4)
+    except Exception as e:  # nbformat raises JSON, validation and reader errors alike
+        raise GradingError(f"{path} is not a Jupyter notebook ({type(e).__name__}: {e})") from None
+
+
+def _lesson_module(nb, path: Path):
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    names = [m.group(1) or m.group(2) for c in code for m in _LESSON_IMPORT.finditer(c.source)]
+    ids = [i for i in map(exercise_id, code) if i]
+    name = names[0] if names else f"lesson{ids[0].split('.')[0]}" if ids else None
+    accepted = sorted(m.name for m in pkgutil.iter_modules(exercises.__path__)
+                      if m.name.startswith("lesson"))
+    if name is None:
+        raise GradingError(f"{path} has no exercises to grade: expected a line like "
+                           f"`from mplab.exercises import lesson1 as ex`")
+    if name not in accepted:
+        raise GradingError(f"{path} uses mplab.exercises.{name}, which does not exist; "
+                           f"accepted: {', '.join(accepted)}")
+    return importlib.import_module(f"mplab.exercises.{name}")
+
+
+class _Kernel:
+    """One fresh kernel running the notebook's cells; thrown away when a cell hangs or kills it."""
+
+    def __init__(self, nb, cwd: Path, env: dict, startup_timeout: float, setup: str = ""):
+        self.client = NotebookClient(
+            nb, kernel_name="python3", resources={"metadata": {"path": str(cwd)}},
+            interrupt_on_timeout=False,  # a loop may swallow KeyboardInterrupt: kill instead
+            shutdown_kernel="immediate", startup_timeout=max(1, int(startup_timeout)), log=_QUIET,
+            # code the kernel runs in its own process before any cell (a class's limits)
+            extra_arguments=[f"--IPKernelApp.exec_lines={setup}"] if setup else [])
+        self._stack = contextlib.ExitStack()
+        # The kernel process's own stderr is kernel logging (a learner's prints come back as
+        # messages), so it stays out of the report.
+        self._stack.enter_context(self.client.setup_kernel(env=env, stderr=subprocess.DEVNULL))
+
+    def run(self, index: int, timeout: float) -> None:
+        """Run one cell; raises CellExecutionError, CellTimeoutError or DeadKernelError."""
+        self.client.timeout = max(1, int(timeout))
+        self.client.execute_cell(self.client.nb.cells[index], index)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # the kernel may be dead already
+            self._stack.close()
+
+
+class _Run:
+    """Runs a notebook's code cells and keeps, in order, what happened: ("log", record) for
+    each line the exercises logged, ("problem", cell index, text) for each cell that failed."""
+
+    def __init__(self, nb, cwd: Path, log: Path, env: dict, deadline: float, cell_timeout: float,
+                 setup: str = ""):
+        self.nb, self.cwd, self.log, self.env, self.setup = nb, cwd, log, env, setup
+        self.deadline, self.cell_timeout = deadline, cell_timeout
+        self.kernel: _Kernel | None = None
+        self.succeeded: list[int] = []
+        self.events: list[tuple] = []
+        self._offset = 0
+
+    def _left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def _new_log_lines(self) -> list[dict]:
+        with open(self.log, encoding="utf-8") as f:
+            f.seek(self._offset)
+            text = f.read()
+        complete = text[:text.rfind("\n") + 1]  # a line cut off by a dying kernel waits
+        self._offset += len(complete.encode("utf-8"))
+        records = []
+        for line in complete.splitlines():
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line))
+        return records
+
+    def _start_kernel(self) -> None:
+        """A fresh kernel, brought to where the last one was by replaying what succeeded."""
+        self.kernel = _Kernel(self.nb, self.cwd, self.env, min(60, self._left()), self.setup)
+        for index in self.succeeded:
+            if self._left() < 1:
+                break
+            try:
+                self.kernel.run(index, min(self.cell_timeout, self._left()))
+            except CellExecutionError:
+                pass
+            except (CellTimeoutError, DeadKernelError):  # it did not misbehave the first time
+                self.kernel.close()
+                self.kernel = _Kernel(self.nb, self.cwd, self.env, min(60, self._left()),
+                                      self.setup)
+                break
+        self._new_log_lines()  # the replay's checks were already counted the first time
+
+    def _run_cell(self, index: int) -> str | None:
+        """Run one cell; what went wrong, or None."""
+        out_of_time = "not run: the grading time limit ran out before this cell"
+        try:
+            if self._left() < 1:
+                return out_of_time
+            if self.kernel is None:
+                self._start_kernel()
+            budget = min(self.cell_timeout, self._left())  # after any restart and replay
+            if budget < 1:
+                return out_of_time
+            self.kernel.run(index, budget)
+        except CellExecutionError as e:
+            return f"the cell raised {e.ename}: {e.evalue}"
+        except CellTimeoutError:
+            self._drop_kernel()
+            return ("the cell did not finish: " + (
+                f"it ran past the cell time limit ({self.cell_timeout:g} s)"
+                if budget == self.cell_timeout else "the grading time limit ran out"))
+        except DeadKernelError:
+            self._drop_kernel()
+            return "the cell killed the Python kernel"
+        except Exception as e:  # the kernel would not start or answer: still report the rest
+            self._drop_kernel()
+            return f"not run: the kernel failed ({type(e).__name__}: {e})"
+        self.succeeded.append(index)
+        return None
+
+    def _drop_kernel(self) -> None:
+        if self.kernel is not None:
+            self.kernel.close()
+            self.kernel = None
+
+    def run(self) -> None:
+        try:
+            for index, cell in enumerate(self.nb.cells):
+                if cell.cell_type != "code" or not cell.source.strip():
+                    continue
+                problem = self._run_cell(index)
+                self.events += [("log", record) for record in self._new_log_lines()]
+                if problem:
+                    self.events.append(("problem", index, problem))
+        finally:
+            self._drop_kernel()
+
+
+def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
+                   with_solutions: bool = False, executed=None, env=None,
+                   kernel_setup: str = "") -> dict:
+    """Run a notebook in a fresh kernel and score its exercises.
+
+    Returns ``{"notebook", "lesson", "total", "max", "exercises": [{"id", "status", "points",
+    "max_points", "message", "solution_viewed", "attempts", "decided"}], "problems": [{"cell",
+    "exercise", "problem"}], "flags": [{"cell", "exercise", "what", "line", "code"}],
+    "with_solutions", "elapsed_s"}``; status is one of "passed",
+    "failed", "not attempted", "error" (the last check's; "attempts" lists every check's, in
+    order); a problem's "cell" is its position in the notebook, counting from 1.
+    `executed`: a path to also write the notebook as it ran, outputs included (what the
+    learner's cells printed, for an instructor to read). `env`: variables the kernel gets on
+    top of the grader's (a class's own HOME and TMPDIR); `kernel_setup`: Python the kernel runs
+    in its own process before any cell (a class's limits: :mod:`mplab.grade.classroom`).
+    Raises :class:`GradingError` for a missing file, a non-notebook, or no lesson.
+    """
+    if timeout <= 0 or cell_timeout <= 0:
+        raise GradingError(f"timeouts must be positive, got timeout={timeout}, "
+                           f"cell_timeout={cell_timeout}")
+    started = time.monotonic()
+    path = Path(path)
+    nb = _read(path)
+    lesson = _lesson_module(nb, path)
+    cell_exercise = {i: exercise_id(c) for i, c in enumerate(nb.cells) if c.cell_type == "code"}
+    flags = tamper_flags(nb, (GRADE_LOG_ENV, GRADING_ENV), exercise_id)  # as submitted
+    if with_solutions:
+        for i, xid in cell_exercise.items():
+            if xid in lesson.EXERCISES:
+                nb.cells[i].source = lesson.EXERCISES[xid].solution_code
+
+    with tempfile.TemporaryDirectory(prefix="mplab-grade-") as tmp:
+        log = Path(tmp) / "grade.jsonl"
+        log.touch()
+        # The kernel grades with this same mplab, whatever the notebook's folder holds.
+        package_root = str(Path(mplab.__file__).resolve().parent.parent)
+        python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
+                                      if p)
+        env = {**os.environ, **(env or {}), GRADING_ENV: "1", GRADE_LOG_ENV: str(log),
+               "PYTHONPATH": python_path}
+        run = _Run(nb, path.resolve().parent, log, env, started + timeout, cell_timeout,
+                   kernel_setup)
+        run.run()
+    if executed is not None:
+        nbformat.write(nb, executed)
+
+    rows = {xid: {"id": xid, "status": "not attempted", "points": 0, "max_points": ex.points,
+                  "message": f'Never checked: no cell ran ex.check("{xid}", ...).',
+                  "solution_viewed": False, "attempts": []}
+            for xid, ex in lesson.EXERCISES.items()}
+    problems = []
+    for xid, row in rows.items():
+        row["decided"] = "in-kernel" if lesson.EXERCISES[xid].kernel_reason else "grader"
+    for event in run.events:  # in order: the last word on each exercise counts
+        if event[0] == "log":
+            record = event[1]
+            row = rows.get(str(record.get("id")))
+            if row is None:
+                continue
+            if record.get("event") == "solution":
+                row["solution_viewed"] = True
+            elif record.get("event") == "check" and row["decided"] == "grader":
+                _regrade(lesson, row, record, flags)
+            elif record.get("event") == "check" and record.get("status") in STATUSES:
+                row["attempts"].append(record["status"])
+                points = record.get("points", 0)
+                row.update(status=record["status"], message=str(record.get("message", "")),
+                           points=min(points, row["max_points"]) if points else 0)
+        else:
+            _, index, problem = event
+            xid = cell_exercise.get(index)
+            problems.append({"cell": index + 1, "exercise": xid, "problem": problem})
+            if xid in rows:
+                rows[xid].update(status="error", points=0, message=problem[0].upper() + problem[1:])
+
+    exercises_out = list(rows.values())
+    return {
+        "notebook": str(path),
+        "lesson": lesson.__name__.rsplit(".", 1)[-1],
+        "total": sum(r["points"] for r in exercises_out),
+        "max": sum(r["max_points"] for r in exercises_out),
+        "exercises": exercises_out,
+        "problems": problems,
+        "flags": flags,
+        "with_solutions": with_solutions,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
+
+
+def _regrade(lesson, row: dict, record: dict, flags: list) -> None:
+    """Score one check from the answer its record carries, checked here in the grader's
+    process: the status the learner's kernel wrote is evidence, never the score."""
+    xid = row["id"]
+    try:
+        result = lesson.LESSON.regrade(xid, record.get("answer"))
+    except ValueError as e:  # a record with no answer the grader can read: a forged line?
+        row["attempts"].append("error")
+        row.update(status="error", points=0,
+                   message=f"The grade log's record of this check is not one mplab wrote: {e}.")
+        flags.append({"cell": None, "exercise": xid, "what": "grade log", "line": None,
+                      "code": f"a log record for {xid} that carries no answer: {e}"})
+        return
+    row["attempts"].append(result.status)
+    row.update(status=result.status, points=result.points, message=result.message)
+    if record.get("status") != result.status:
+        flags.append({"cell": None, "exercise": xid, "what": "grade log", "line": None,
+                      "code": f"the log says {xid} {record.get('status')!r}; its answer, "
+                              f"checked by the grader, is {result.status!r}"})
+
+
+def report_table(report: dict) -> Table:
+    """The report as a table: one row per exercise."""
+    def short(text: str, width: int = 72) -> str:
+        line = text.strip().splitlines()[0] if text.strip() else ""
+        return line if len(line) <= width else line[:width - 1] + "…"
+
+    return Table([{"exercise": r["id"], "status": r["status"],
+                   "points": f"{r['points']:g}/{r['max_points']:g}",
+                   "solution viewed": "yes" if r.get("solution_viewed") else "",
+                   "decided by": r.get("decided", ""),
+                   "feedback": short(r.get("message", ""))} for r in report["exercises"]],
+                 title=f"{report['notebook']} ({report['lesson']}"
+                       + (", graded with the reference solutions)" if report["with_solutions"]
+                          else ")"))
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m mplab.grade`` (one notebook, or a folder of them)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mplab.grade",
+        description="Run a lesson notebook in a fresh kernel and report each exercise's points; "
+                    "given a folder, grade every notebook in it, each apart, into a CSV.")
+    parser.add_argument("notebook", help="the .ipynb file to grade, or a folder of them")
+    parser.add_argument("--json", metavar="FILE",
+                        help="also write the report as JSON here (a folder: one per notebook)")
+    parser.add_argument("--csv", metavar="FILE", help="a folder's gradebook, one row a notebook")
+    parser.add_argument("--jobs", type=int, default=2, metavar="N",
+                        help="a folder's notebooks graded N at a time (default 2)")
+    parser.add_argument("--timeout", type=float, default=600, metavar="S",
+                        help="time limit for the whole run, in seconds (default 600)")
+    parser.add_argument("--cell-timeout", type=float, default=120, metavar="S",
+                        help="time limit for one cell, in seconds (default 120)")
+    parser.add_argument("--with-solutions", action="store_true",
+                        help="replace each exercise cell with its reference solution")
+    parser.add_argument("--executed", metavar="FILE",
+                        help="also write the notebook as it ran, with its outputs, here")
+    return parser
+
+
+def run(args) -> int:
+    """Grade the one notebook `args` (parsed by :func:`parser`) names, and print its report."""
+    try:
+        report = grade_notebook(args.notebook, timeout=args.timeout,
+                                cell_timeout=args.cell_timeout, with_solutions=args.with_solutions,
+                                executed=args.executed)
+    except GradingError as e:
+        print(f"mplab.grade: error: {e}", file=sys.stderr)
+        return 2
+    print(report_table(report))
+    in_kernel = [r["id"] for r in report["exercises"] if r["decided"] == "in-kernel"]
+    if in_kernel:
+        print("scored from the learner's kernel (its own checks, as logged): "
+              + ", ".join(in_kernel))
+    graded = {r["id"] for r in report["exercises"]}
+    for p in report["problems"]:  # those of exercise cells are in the table already
+        if p["exercise"] not in graded:
+            print(f"cell {p['cell']}: {p['problem']}")
+    for f in report["flags"]:  # evidence for the instructor, who decides: nothing is failed
+        where = f"cell {f['cell']}, line {f['line']}" if f["cell"] else f"exercise {f['exercise']}"
+        print(f"flagged ({f['what']}): {where}: {f['code']}")
+    print(f"Total: {report['total']:g}/{report['max']:g} points ({report['elapsed_s']:g} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
