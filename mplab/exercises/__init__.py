@@ -30,6 +30,7 @@ import json
 import math
 import numbers
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -359,15 +360,16 @@ class Lesson:
         if isinstance(data, dict) and data.get("blank") is True:
             return Result(ex.id, "not attempted", 0, ex.points, "Not attempted.")
         answer = unpack_answer(data)
-        saved = os.environ.get(GRADING_ENV)
-        os.environ[GRADING_ENV] = "1"
-        try:
-            return self._check(ex, answer)
-        finally:
-            if saved is None:
-                os.environ.pop(GRADING_ENV, None)
-            else:
-                os.environ[GRADING_ENV] = saved
+        with _REGRADING:  # a class grades in threads: one sets and restores the variable at once
+            saved = os.environ.get(GRADING_ENV)
+            os.environ[GRADING_ENV] = "1"
+            try:
+                return self._check(ex, answer)
+            finally:
+                if saved is None:
+                    os.environ.pop(GRADING_ENV, None)
+                else:
+                    os.environ[GRADING_ENV] = saved
 
     def hint(self, id) -> Result:
         """The next hint for an exercise: concept, then API, then nearly the answer."""
@@ -447,6 +449,7 @@ class Lesson:
                       "is graded.)")
 
 
+_REGRADING = threading.Lock()
 #: The largest answer a log record carries (a tensor of a quarter of a million floats).
 MAX_ANSWER_BYTES = 1 << 20
 _TAG = "__mplab_answer__"
