@@ -25,7 +25,8 @@ from mplab._display import Table
 from mplab.capture import Capture
 
 __all__ = ["RECIPES", "BLOCKS", "DEFAULT_BLOCK", "MEASURES", "apply", "layer_tensors",
-           "recipe_table", "scaled_histogram", "plot_scaled", "outlier_blocks"]
+           "recipes_table", "recipe_table", "scaled_histogram", "plot_scaled", "outlier_blocks",
+           "delayed_table"]
 
 #: recipe -> (what it is, the block sizes it takes; None: it has no block to choose)
 RECIPES: dict[str, tuple[str, tuple[int, ...] | None]] = {
@@ -74,6 +75,13 @@ def apply(recipe: str, x: torch.Tensor, block: int | None = None) -> Q.Quantized
     return M.mx(x, element, block=block, mode="rceil" if recipe.endswith("rceil") else "floor")
 
 
+def recipes_table() -> Table:
+    """What each recipe of :data:`RECIPES` is, and the block sizes it takes."""
+    return Table([{"recipe": name, "what": what,
+                   "blocks": ", ".join(map(str, blocks)) if blocks else "-"}
+                  for name, (what, blocks) in RECIPES.items()], title="The recipes")
+
+
 def layer_tensors(cap: Capture, layer: str) -> dict[str, torch.Tensor]:
     """A Linear layer's four tensors from one captured step, as 2-D float32 (rows, features):
     its output activation, that output's gradient, its weight and its weight's gradient."""
@@ -93,10 +101,6 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]).contiguous()  # (batch, tokens, features) -> rows
 
 
-def _measure(q: Q.Quantized, measure: str) -> float:
-    return getattr(q, measure)
-
-
 def recipe_table(tensors: dict[str, torch.Tensor], measure: str = "sqnr_db",
                  recipes=None) -> Table:
     """One row per tensor, one column per recipe: `measure` ("sqnr_db", "flushed",
@@ -112,7 +116,7 @@ def recipe_table(tensors: dict[str, torch.Tensor], measure: str = "sqnr_db",
         got = {}
         for recipe in recipes:
             try:
-                value = _measure(apply(recipe, x), measure)
+                value = getattr(apply(recipe, x), measure)
             except ValueError:  # blocks that do not tile this shape
                 row[recipe] = "-"
                 continue
@@ -187,3 +191,19 @@ def outlier_blocks(x: torch.Tensor, recipe: str = "MXFP4", blocks=None) -> Table
                      "SQNR (dB)": round(q.sqnr_db, 1),
                      "bytes per value": round(q.bytes_per_value, 4)})
     return Table(rows, title=f"{recipe} by block size")
+
+
+def delayed_table(steps, history_len: int = 4, algo: str = "max", margins=(0, 1)) -> Table:
+    """A run of delayed scaling (:class:`mplab.quantize.DelayedScaling`, e4m3) over `steps`
+    (one tensor a step), once per margin: each step's amax, what its values were multiplied
+    by before the cast, and the share saturated."""
+    runs = {m: Q.DelayedScaling(history_len=history_len, algo=algo, margin=m) for m in margins}
+    rows = []
+    for step, x in enumerate(steps):
+        row: dict = {"step": step, "amax": round(float(x.abs().max()), 4)}
+        for m, d in runs.items():
+            q = d.quantize(x)
+            row[f"times (margin {m})"] = round(1 / q.scale.item(), 4)
+            row[f"saturated (margin {m})"] = f"{100 * q.saturated:.1f} %"
+        rows.append(row)
+    return Table(rows, title=f"delayed scaling: history {history_len}, {algo}")

@@ -92,3 +92,17 @@ def test_the_plot_marks_the_formats_range(tensors):
     assert "flushed" in ax.get_title() and f"{100 * q.flushed:.2f} %" in ax.get_title()
     h = lowbit.scaled_histogram(q)
     assert np.isclose(sum(p.get_height() for p in ax.patches), h["counts"].sum())
+
+
+def test_the_delayed_table_is_delayed_scalings_own_run():
+    from mplab.quantize import DelayedScaling
+
+    steps = [torch.full((8,), v) for v in (1.0, 3.0, 1.0)]
+    rows = lowbit.delayed_table(steps, history_len=2, margins=(0, 1)).rows
+    d = DelayedScaling(history_len=2, margin=1)
+    for row, x in zip(rows, steps):
+        q = d.quantize(x)
+        assert row["saturated (margin 1)"] == f"{100 * q.saturated:.1f} %"
+        assert row["times (margin 1)"] == round(1 / q.scale.item(), 4)
+    assert rows[1]["saturated (margin 0)"] == "100.0 %" and rows[0]["times (margin 0)"] == 1.0
+    assert [r["recipe"] for r in lowbit.recipes_table().rows] == list(lowbit.RECIPES)
