@@ -71,22 +71,36 @@ def test_the_reference_cell_passes_with_full_points_and_says_which_checks_ran(xi
 def test_the_grader_checks_the_key_again_from_the_data_the_kernel_logs(xid, tmp_path,
                                                                        monkeypatch):
     """Each exercise the grader decides: the key's answer, packed into the log record as the
-    kernel writes it, read back in this process and checked here passes with full points; an
-    exercise left to the kernel says why in its definition."""
+    kernel writes it (a function answer: the record of its calls), read back in this process
+    and checked here, on the run's hidden inputs, passes with full points; an exercise left to
+    the kernel says why in its definition."""
     ex = exercise(xid)
     if ex.kernel_reason:
-        assert ex.takes_function or ex.in_kernel, xid
+        assert ex.in_kernel, xid
         return
     log = tmp_path / "grade.jsonl"
     monkeypatch.setenv("MPLAB_GRADE_LOG", str(log))
+    monkeypatch.setenv("MPLAB_GRADING", "1")
+    monkeypatch.setenv("MPLAB_GRADE_SEED", "4242")
     run_cell(ex.solution_code, **notebook_names(xid))
     record = json.loads(log.read_text().splitlines()[-1])
-    monkeypatch.delenv("MPLAB_GRADE_LOG")
+    for name in ("MPLAB_GRADE_LOG", "MPLAB_GRADING", "MPLAB_GRADE_SEED"):
+        monkeypatch.delenv(name)
     lesson = lesson_of(xid)
-    regraded = lesson.LESSON.regrade(xid, json.loads(json.dumps(record["answer"])))
+    function = ex.takes_function
+    # the kernel runs a function's hidden calls for the grader: a hidden check needs them
+    assert not function or (ex.hidden is None) == (ex.trials is None), xid
+    assert ("function" in record) == function and ("answer" in record) != function
+    data = json.loads(json.dumps(record["function"] if function else record["answer"]))
+    regraded = lesson.LESSON.regrade(xid, data, seed=4242, function=function)
     assert regraded.passed and regraded.points == ex.points, regraded
     with pytest.raises(ValueError, match="carries no answer"):
-        lesson.LESSON.regrade(xid, {"torch": None})
+        lesson.LESSON.regrade(xid, {"torch": None}, function=function)
+    if function and ex.hidden is not None:
+        # the same record on another run's hidden inputs: what the function gave is not what
+        # these inputs need, so an answer that knows only some outputs fails
+        again = lesson.LESSON.regrade(xid, data, seed=4243, function=True)
+        assert again.status == "failed" and "hidden check" in again.message, again
 
 
 @pytest.mark.parametrize("xid", IDS)

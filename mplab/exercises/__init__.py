@@ -17,13 +17,17 @@ Jupyter. ``check`` never raises for anything a learner passes: a blank answer (`
 None) is "not attempted", a wrong one "failed" with the concept that was missed, and an
 exception from the learner's code "error" with its message (no traceback).
 
-The grader (``python -m mplab.grade``) runs a notebook with two environment variables:
-``MPLAB_GRADING=1`` turns on each exercise's hidden checks, and ``MPLAB_GRADE_LOG=<file>``
-makes check/hint/solution append one JSON line per call there, which the grader reads back.
+The grader (``python -m mplab.grade``) runs a notebook with ``MPLAB_GRADING=1`` (hidden checks
+on), ``MPLAB_GRADE_SEED`` (the run's seed, from which hidden inputs are drawn) and
+``MPLAB_GRADE_LOG=<file>``: check/hint/solution append one JSON line per call there. A check's
+line carries the answer as data (a function answer as the record of its calls), and the grader
+checks it again in its own process (:mod:`mplab.exercises.answers`): the line's verdict is
+evidence, not the score.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import json
@@ -35,11 +39,25 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mplab.exercises.answers import (
+    MAX_ANSWER_BYTES,
+    SEED_ENV,
+    Recording,
+    Replay,
+    copied,
+    grade_seed,
+    pack_answer,
+    unpack_answer,
+)
+
 __all__ = ["Result", "Exercise", "Lesson", "Incorrect", "STATUSES", "is_blank", "untouched",
            "cell", "choice_list", "one_letter", "multiple_choice", "same_tensors", "in_order",
            "python_block", "grading", "as_number", "call", "GRADING_ENV", "GRADE_LOG_ENV",
-           "CELL_METADATA_KEY", "pack_answer", "unpack_answer", "MAX_ANSWER_BYTES"]
+           "CELL_METADATA_KEY", "HIDDEN_FAILED", "pack_answer", "unpack_answer",
+           "MAX_ANSWER_BYTES", "SEED_ENV", "grade_seed"]
 
+#: How a failed hidden check's message starts.
+HIDDEN_FAILED = "The public checks pass, but a hidden check does not. "
 #: The statuses a check can end in (hint() and solution() results use "hint" and "solution").
 STATUSES = ("passed", "failed", "not attempted", "error")
 GRADING_ENV = "MPLAB_GRADING"
@@ -263,7 +281,13 @@ class Exercise:
     points: int = 1
     arg: str = "answer"
     blank: Callable[[Any], bool] | None = None
-    in_kernel: str = ""  # why the grader cannot check this answer in its own process, if so
+    # why the grader cannot check this answer in its own process, if so: a function answer is
+    # checked there on a replay of its calls (mplab.exercises.answers), which needs a check
+    # that hands it data and reads back data
+    in_kernel: str = ""
+    # A function answer's hidden check calls it on exactly these arguments, in order (drawn
+    # from the run's seed): the kernel makes those calls for the grader, which judges them.
+    trials: Callable[[int], list[tuple]] | None = None
 
     @property
     def starter(self) -> str:
@@ -284,12 +308,7 @@ class Exercise:
     def kernel_reason(self) -> str:
         """Why this exercise's score comes from the learner's kernel; "" when the grader
         checks the answer itself, from the data the kernel hands back."""
-        if self.in_kernel:
-            return self.in_kernel
-        if self.takes_function:
-            return ("its answer is a function, and the grader does not yet draw inputs for it "
-                    "in its own process")
-        return ""
+        return self.in_kernel
 
     def is_blank(self, answer) -> bool:
         """Not attempted: `blank`'s verdict, or else whether the answer is still what the
@@ -308,6 +327,12 @@ def _starter_value(body: str, arg: str):
     except Exception:  # a starter that reads the notebook's names: only `...` is blank
         return None
     return namespace.get(arg)
+
+
+#: Why a train-step exercise is scored in the learner's kernel (`Exercise.in_kernel`).
+TRAIN_STEP_IN_KERNEL = ("its check watches the learner's step drive torch objects (a model, an "
+                        "optimizer, a GradScaler) and reads their state after: what the step "
+                        "does to them is not data the grader can replay")
 
 
 LESSON_FUNCTIONS = ("check", "hint", "solution", "exercise_cells", "cells", "task_markdown")
@@ -343,33 +368,48 @@ class Lesson:
     def check(self, id, answer) -> Result:
         """Check an answer: "passed", "failed" (and why), "not attempted" or "error"."""
         ex = self.get(id)
-        result = self._check(ex, answer)
-        record = {"event": "check", **result.as_dict()}
-        if os.environ.get(GRADE_LOG_ENV) and not ex.kernel_reason:
-            # the grader checks the answer again, itself; a blank needs no checking
+        record: dict = {"event": "check"}
+        if not os.environ.get(GRADE_LOG_ENV):
+            result = self._check(ex, answer)
+        elif ex.kernel_reason:
+            result = self._check(ex, answer)
+        elif ex.takes_function and callable(answer) and not ex.is_blank(answer):
+            # the grader cannot run the learner's code: it replays what the function gave
+            recording = Recording(answer)
+            result = self._check(ex, recording, hidden=False)
+            if result.passed and ex.trials is not None:  # the hidden check's calls, unjudged
+                for args in ex.trials(grade_seed()):
+                    with contextlib.suppress(Exception):  # recorded; the grader judges it
+                        recording(*copied(args))
+            record["function"] = recording.data()
+        else:  # the grader checks the answer again, itself; a blank needs no checking
+            result = self._check(ex, answer)
             record["answer"] = ({"blank": True} if result.status == "not attempted"
                                 else pack_answer(answer))
-        _log(record)
+        _log({**record, **result.as_dict()})
         return result
 
-    def regrade(self, id, data) -> Result:
-        """Check an answer the grader unpacked from a log record (:func:`pack_answer`'s data),
-        here, in the grader's own process, with the hidden checks on: the score no line the
-        learner's kernel wrote can decide. Raises ValueError for data that is not an answer."""
+    def regrade(self, id, data, seed: int | None = None, function: bool = False) -> Result:
+        """Check an answer the grader unpacked from a log record, here, in the grader's own
+        process, with the hidden checks on (drawn from `seed`, the run's): the score no line
+        the learner's kernel wrote can decide. `data` is :func:`pack_answer`'s data, or with
+        `function` a :class:`Recording`'s, which the check runs on as a :class:`Replay`.
+        Raises ValueError for data that is not an answer, or a record that lacks a call."""
         ex = self.get(id)
-        if isinstance(data, dict) and data.get("blank") is True:
+        if not function and isinstance(data, dict) and data.get("blank") is True:
             return Result(ex.id, "not attempted", 0, ex.points, "Not attempted.")
-        answer = unpack_answer(data)
-        with _REGRADING:  # a class grades in threads: one sets and restores the variable at once
-            saved = os.environ.get(GRADING_ENV)
-            os.environ[GRADING_ENV] = "1"
+        answer = Replay(unpack_answer(data)) if function else unpack_answer(data)
+        settings = {GRADING_ENV: "1", SEED_ENV: None if seed is None else str(seed)}
+        with _REGRADING:  # a class grades in threads: one sets and restores the variables
+            saved = {name: os.environ.get(name) for name in settings}
+            _set_environment(settings)
             try:
-                return self._check(ex, answer)
+                result = self._check(ex, answer)
             finally:
-                if saved is None:
-                    os.environ.pop(GRADING_ENV, None)
-                else:
-                    os.environ[GRADING_ENV] = saved
+                _set_environment(saved)
+        if function and answer.ran_out:
+            raise ValueError("the check called the function more often than the record says")
+        return result
 
     def hint(self, id) -> Result:
         """The next hint for an exercise: concept, then API, then nearly the answer."""
@@ -390,6 +430,12 @@ class Lesson:
         ex = self.get(id)
         self.revealed.add(ex.id)
         _log({"event": "solution", "id": ex.id})
+        if not ex.key:
+            return Result(ex.id, "solution", 0, ex.points, "The reference answers are not "
+                          "shipped with this copy of mplab: your instructor keeps them.")
+        if grading():  # an answer cell that runs the key's code answers nothing
+            return Result(ex.id, "solution", 0, ex.points, "The reference answer is not shown "
+                          "while a notebook is graded.")
         return Result(ex.id, "solution", 0, ex.points,
                       "The reference answer (this reveal is recorded in the grading report):",
                       code=ex.solution_code)
@@ -415,7 +461,11 @@ class Lesson:
                 for e in self.exercises.values()]
 
     # --- internals ------------------------------------------------------------------------------
-    def _check(self, ex: Exercise, answer) -> Result:
+    def _check(self, ex: Exercise, answer, hidden: bool | None = None) -> Result:
+        """`answer` checked: the public checks, then (`hidden`, by default when grading) the
+        hidden ones."""
+        hidden = grading() if hidden is None else hidden
+
         def result(status: str, message: str) -> Result:
             return Result(ex.id, status, ex.points if status == "passed" else 0, ex.points,
                           message)
@@ -431,10 +481,10 @@ class Lesson:
                               f"{ex.arg}), without calling it; got {answer!r:.40}, which is "
                               "not a function.")
             why = ex.check(answer)
-            if why is None and ex.hidden is not None and grading():
+            if why is None and ex.hidden is not None and hidden:
                 why = ex.hidden(answer)
                 if why is not None:
-                    why = "The public checks pass, but a hidden check does not. " + why
+                    why = HIDDEN_FAILED + why
         except Incorrect as e:
             return result(e.status, str(e))
         except Exception as e:  # the learner's object misbehaved somewhere inside the check
@@ -443,104 +493,21 @@ class Lesson:
             return result("failed", why)
         if ex.hidden is None:
             return result("passed", "Passed.")
-        if grading():
+        if hidden:
             return result("passed", "Passed: public and hidden checks.")
         return result("passed", "Public checks passed. (Hidden checks run when the notebook "
                       "is graded.)")
 
 
 _REGRADING = threading.Lock()
-#: The largest answer a log record carries (a tensor of a quarter of a million floats).
-MAX_ANSWER_BYTES = 1 << 20
-_TAG = "__mplab_answer__"
 
 
-def _plain(value):
-    """value with what torch.load(weights_only=True) refuses made plain, tagged so that
-    :func:`_restored` gives it back: Fractions, Decimals, sets, numpy scalars and arrays."""
-    import decimal
-    import fractions
-
-    if isinstance(value, fractions.Fraction):
-        return {_TAG: "fraction", "n": str(value.numerator), "d": str(value.denominator)}
-    if isinstance(value, decimal.Decimal):
-        return {_TAG: "decimal", "text": str(value)}
-    if isinstance(value, set | frozenset):
-        return {_TAG: "set", "items": [_plain(v) for v in value]}
-    if isinstance(value, list | tuple):
-        items = [_plain(v) for v in value]
-        return items if isinstance(value, list) else tuple(items)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if type(value).__module__ == "numpy":  # a numpy scalar or array, as torch holds it
-        import torch
-
-        return value.item() if getattr(value, "ndim", 1) == 0 else torch.from_numpy(value)
-    return value
-
-
-def _restored(value):
-    import decimal
-    import fractions
-
-    if isinstance(value, dict) and value.get(_TAG) == "fraction":
-        return fractions.Fraction(int(value["n"]), int(value["d"]))
-    if isinstance(value, dict) and value.get(_TAG) == "decimal":
-        return decimal.Decimal(value["text"])
-    if isinstance(value, dict) and value.get(_TAG) == "set":
-        return {_restored(v) for v in value["items"]}
-    if isinstance(value, list | tuple):
-        items = [_restored(v) for v in value]
-        return items if isinstance(value, list) else tuple(items)
-    if isinstance(value, dict):
-        return {k: _restored(v) for k, v in value.items()}
-    return value
-
-
-def pack_answer(answer) -> dict:
-    """An answer as data for the grader: ``{"torch": base64 of torch.save's bytes}`` for a value
-    ``torch.load(weights_only=True)`` reads back (numbers, text, lists, dicts, tensors, dtypes,
-    and Fractions, Decimals, sets and numpy values made plain: nothing that runs code when
-    loaded), else ``{"unpacked": why}``."""
-    import base64
-    import io
-
-    import torch  # only while grading
-
-    buffer = io.BytesIO()
-    try:
-        torch.save(_plain(answer), buffer)
-        torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
-    except Exception as e:
-        return {"unpacked": f"a {type(answer).__name__}, which the grader does not read back "
-                            f"({type(e).__name__})"}
-    if buffer.tell() > MAX_ANSWER_BYTES:
-        return {"unpacked": f"{buffer.tell()} bytes, more than {MAX_ANSWER_BYTES}"}
-    return {"torch": base64.b64encode(buffer.getvalue()).decode("ascii")}
-
-
-def unpack_answer(data):
-    """The answer :func:`pack_answer` packed; ValueError for anything else (a forged or
-    truncated record), and for an answer it could not pack."""
-    import base64
-    import binascii
-    import io
-    import pickle
-
-    import torch
-
-    if not isinstance(data, dict) or not isinstance(data.get("torch"), str):
-        why = data.get("unpacked") if isinstance(data, dict) else None
-        raise ValueError(f"the record carries no answer ({why or 'nothing packed'})")
-    try:
-        raw = base64.b64decode(data["torch"], validate=True)
-        if len(raw) > MAX_ANSWER_BYTES:
-            raise ValueError(f"{len(raw)} bytes, more than {MAX_ANSWER_BYTES}")
-        return _restored(torch.load(io.BytesIO(raw), weights_only=True))
-    except (binascii.Error, ValueError, RuntimeError, EOFError, OSError,
-            pickle.UnpicklingError) as e:
-        raise ValueError(f"the record's answer does not read back: {type(e).__name__}") from None
-
+def _set_environment(values: dict) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 def _log(record: dict) -> None:
     """Append one JSON line to the grader's log, when there is one."""

@@ -19,6 +19,7 @@ from mplab.exercises import (
     Lesson,
     as_number,
     call,
+    grade_seed,
 )
 from mplab.explain import decompose
 from mplab.formats import FORMATS, field_bits, from_bits, get_format
@@ -216,8 +217,8 @@ PUBLIC_1_5 = [("fp16", [0x3C00, 0xC000, 0x3555, 0x7BFF, 0x0400, 0x0000, 0x8000, 
                         0x03FF, 0x7C00, 0xFC00, 0x7E00])]
 
 
-def _hidden_patterns() -> list[tuple[str, list[int]]]:
-    rng = random.Random(1)  # fixed, so every grading run checks the same patterns
+def _hidden_patterns(seed: int | None = None) -> list[tuple[str, list[int]]]:
+    rng = random.Random(grade_seed() if seed is None else seed)  # afresh for each grading run
     bf16_specials = [0x0001, 0x007F, 0x8001, 0x0080, 0x7F7F, 0x7F80, 0xFF80, 0x7FC0, 0xFFFF,
                      0x8000]
     return [("fp8_e5m2", list(range(256))),
@@ -268,6 +269,12 @@ def _decode_matches(decode, patterns: list[tuple[str, list[int]]]) -> str | None
                         + _kind_advice(fmt, bits, got, want)
                         + " (Compared exactly, with the sign of zero and NaN as NaN.)")
     return None
+
+
+def _trials_1_5(seed: int) -> list[tuple]:
+    """The calls the hidden check makes, in its order."""
+    return [(bits, fmt.exp_bits, fmt.man_bits, fmt.bias) for name, bit_list in
+            _hidden_patterns(seed) for fmt in [get_format(name)] for bits in bit_list]
 
 
 def _check_1_5(decode) -> str | None:
@@ -397,7 +404,7 @@ EXERCISES = {e.id: e for e in [
             "        return sign * mantissa * 2.0**(1 - bias - man_bits)\n"
             "    return sign * (1 + mantissa / 2**man_bits) * 2.0**(exponent - bias)",
         arg='decode',
-        check=_check_1_5, hidden=_hidden_1_5,
+        check=_check_1_5, hidden=_hidden_1_5, trials=_trials_1_5,
         hints=(
             "The exponent field picks one of five cases: all ones is inf (mantissa 0) or NaN; "
             "all zeros is zero or a subnormal; anything else is a normal number. Each has its "

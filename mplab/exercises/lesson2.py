@@ -22,8 +22,10 @@ from mplab.exercises import (
     Lesson,
     as_number,
     call,
+    grade_seed,
     in_order,
 )
+from mplab.exercises.answers import code_names
 from mplab.failures import swamping_run
 from mplab.formats import dtype_of, get_format, ulp
 from mplab.lessons import lesson_capture
@@ -206,10 +208,11 @@ TOL_2_5 = 1e-6  # a share computed in fp32 (tensor / tensor) is off by up to ~1e
 PUBLIC_2_5 = [(t, torch.float16, s) for t in _tensors(0) for s in (1.0, 2.0**10)]
 
 
-def _hidden_2_5() -> list[tuple[torch.Tensor, torch.dtype, float]]:
+def _hidden_2_5(seed: int | None = None) -> list[tuple[torch.Tensor, torch.dtype, float]]:
     tie = float(FP16.min_subnormal) / 2  # exactly half the smallest subnormal: ties to 0
     edge = torch.tensor([tie, -tie, tie * 1.0000001, 0.0, 3.0])
-    return ([(t, d, s) for t in _tensors(1) for d in HIDDEN_DTYPES_2_5 for s in (1.0, 2.0**7)]
+    drawn = _tensors(grade_seed() if seed is None else seed)  # afresh for each grading run
+    return ([(t, d, s) for t in drawn for d in HIDDEN_DTYPES_2_5 for s in (1.0, 2.0**7)]
             + [(edge, torch.float16, 1.0), (torch.zeros(5), torch.float16, 1.0),
                (torch.tensor([1e-9, float("inf"), float("nan"), 2.0]), torch.float16, 1.0),
                (torch.arange(-3, 4, dtype=torch.int32), torch.float16, 1.0)])
@@ -256,13 +259,7 @@ _LIBRARY_2_5 = frozenset({"cast_stats", "lost_frac", "underflow_frac", "Magnitud
 
 
 def _uses_library(fn) -> str | None:
-    todo, names = [getattr(fn, "__code__", None)], set()
-    while todo:  # the function and the functions (and lambdas) defined in it
-        code = todo.pop()
-        if code is not None:
-            names |= set(code.co_names)
-            todo += [c for c in code.co_consts if hasattr(c, "co_names")]
-    used = sorted(names & _LIBRARY_2_5)
+    used = sorted(code_names(fn) & _LIBRARY_2_5)  # its own and its nested functions' names
     if used:
         return (f"Your function uses mplab's own measurement ({', '.join(used)}), which is "
                 "what this exercise asks you to write: count with torch's cast and "
@@ -398,6 +395,7 @@ EXERCISES = {e.id: e for e in in_order([
             "    return int(lost.sum()) / n",
         arg='lost_fraction',
         check=_check_2_5, hidden=_hidden_check_2_5,
+        trials=_hidden_2_5,  # the calls it makes: (t, dtype, scale)
         hints=(
             "Three steps: scale in fp32, find the values that were nonzero and finite, count "
             "how many of those the cast turns into 0.",

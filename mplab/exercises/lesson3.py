@@ -18,16 +18,19 @@ import random
 import torch
 
 from mplab.exercises import (
+    TRAIN_STEP_IN_KERNEL,
     Exercise,
     Incorrect,
     Lesson,
     as_number,
     call,
     choice_list,
+    grade_seed,
     multiple_choice,
     python_block,
     same_tensors,
 )
+from mplab.exercises.answers import note, watching
 
 # --- 3.1 the update rule ----------------------------------------------------------------------
 
@@ -35,18 +38,19 @@ from mplab.exercises import (
 def _written_not_called(kernel: str, shown: str):
     """3.1 and 3.5 ask the learner to write what torch's `kernel` does, and are checked
     against it: an answer that calls it (directly, or through torch.amp.GradScaler) fails."""
-    original, called = getattr(torch, kernel), []
+    original = getattr(torch, kernel)
 
     def watched(*args, **kwargs):
-        called.append(kernel)
+        note(kernel)  # a note the grader's replay of the answer makes again
         return original(*args, **kwargs)
 
     setattr(torch, kernel, watched)
     try:
-        yield
+        with watching() as seen:
+            yield
     finally:
         setattr(torch, kernel, original)
-    if called:
+    if kernel in seen:
         raise Incorrect(f"{shown} calls torch.{kernel}, the kernel your function is checked "
                         "against: the exercise is to write what it does, with your own "
                         "arithmetic and tensor operations.")
@@ -68,8 +72,9 @@ PUBLIC_3_1 = [  # (scale, tracker, found_inf, growth, backoff, interval): every 
 ]
 
 
-def _hidden_3_1() -> list[tuple]:
-    rng = random.Random(3)  # fixed: every grading run checks the same cases
+def _hidden_3_1(seed: int | None = None) -> list[tuple]:
+    """The hidden check's calls, in order: a few edges, then cases drawn for this run."""
+    rng = random.Random(grade_seed() if seed is None else seed)
     top = torch.finfo(torch.float32).max
     cases = [(3.0, 0, False, 1.001, 0.5, 1),  # 3.003 is not an fp32 number: rounded once
              (1000.0, 4, True, 2.0, 0.37, 5), (top / 1.5, 0, False, 2.0, 0.5, 1),  # no inf
@@ -287,11 +292,12 @@ PUBLIC_3_5 = [(_grads(0), 2.0**16), (_grads(1) + [torch.tensor([1.0, math.inf])]
               (_grads(2) + [torch.tensor([math.nan, 2.0])], 1024.0)]
 
 
-def _hidden_3_5() -> list[tuple[list[torch.Tensor], float]]:
+def _hidden_3_5(seed: int | None = None) -> list[tuple[list[torch.Tensor], float]]:
+    seed = grade_seed() if seed is None else seed  # drawn afresh for each grading run
     big = torch.full((8,), 3e38)  # finite, but their sum is inf
     return [([big, torch.ones(3)], 1.0), ([torch.tensor([-math.inf])], 8.0),
-            ([g.bfloat16() for g in _grads(3)], 3.0), ([], 2.0**16),
-            (_grads(4), 3.0), ([torch.zeros(0), torch.tensor([5.0])], 2.0**24)]
+            ([g.bfloat16() for g in _grads(seed)], 3.0), ([], 2.0**16),
+            (_grads(seed + 1), 3.0), ([torch.zeros(0), torch.tensor([5.0])], 2.0**24)]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -321,6 +327,11 @@ def _unscale_matches(fn, cases) -> str | None:
                     "gives. Multiply each one by inv_scale in place (g.mul_(inv_scale)), "
                     "infs and NaNs included. (Compared bit for bit.)")
     return None
+
+
+def _trials_3_5(seed: int) -> list[tuple]:
+    """The calls the hidden check makes, in its order: (grads, inv_scale)."""
+    return [(grads, _inv(scale)) for grads, scale in _hidden_3_5(seed)]
 
 
 def _check_3_5(fn) -> str | None:
@@ -383,7 +394,7 @@ EXERCISES = {e.id: e for e in [
             "        return (grown if math.isfinite(grown) else scale), 0\n"
             "    return scale, tracker + 1",
         arg='update_scale',
-        check=_check_3_1, hidden=_hidden_check_3_1,
+        check=_check_3_1, hidden=_hidden_check_3_1, trials=_hidden_3_1,
         hints=(
             "Two cases: an inf/NaN was found (back off, start counting again), or not (count "
             "one more clean update; on the growth_interval-th in a row, grow and restart).",
@@ -436,6 +447,7 @@ EXERCISES = {e.id: e for e in [
             "    optimizer.zero_grad()",
         arg='train_step',
         check=_check_3_3,
+        in_kernel=TRAIN_STEP_IN_KERNEL,
         hints=(
             "After scaler.scale(loss).backward(), every gradient is multiplied by the scale "
             "(65536 by default). What does a gradient norm mean then?",
@@ -486,7 +498,7 @@ EXERCISES = {e.id: e for e in [
             "        g.mul_(inv_scale)\n"
             "    return found",
         arg='unscale_and_check',
-        check=_check_3_5, hidden=_hidden_check_3_5,
+        check=_check_3_5, hidden=_hidden_check_3_5, trials=_trials_3_5,
         hints=(
             "Two jobs per tensor: find out whether any of its values is inf or NaN, and "
             "multiply it by inv_scale without making a copy.",

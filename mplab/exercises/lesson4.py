@@ -17,6 +17,7 @@ import torch
 
 from mplab._display import Table
 from mplab.exercises import (
+    TRAIN_STEP_IN_KERNEL,
     Exercise,
     Incorrect,
     Lesson,
@@ -275,6 +276,7 @@ EXERCISES = {e.id: e for e in in_order([
             "    optimizer.zero_grad()",
         arg='train_step',
         check=_check_4_3,
+        in_kernel=TRAIN_STEP_IN_KERNEL,
         hints=(
             "Two changes: the forward pass (model and loss) runs under autocast, and the "
             "backward/step go through the scaler.",

@@ -428,6 +428,9 @@ EXERCISES = {e.id: e for e in [
         key=REFERENCE_LOOP,
         arg='train_loop',
         check=_check_5_1, hidden=_hidden_5_1,
+        in_kernel=("its check watches the learner's loop drive an Accelerator (what it "
+                   "prepares, whose backward runs) and reads the weights after: that is not "
+                   "data the grader can replay"),
         hints=(
             "Everything mixed precision did in the torch loop moves into Accelerate: the "
             "autocast, the scaler and its calls go; what is left is a plain fp32-looking loop "

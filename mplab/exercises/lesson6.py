@@ -380,6 +380,8 @@ EXERCISES = {e.id: e for e in [
             "fp16=True)",
         arg='course_arguments',
         check=_check_6_1,
+        in_kernel=("its answer builds a TrainingArguments: the check reads what "
+                   "transformers refuses, and why, where the function runs"),
         hints=(
             "Libraries rename arguments between versions: the error names the old one, and "
             "the installed TrainingArguments lists the names it takes today.",
@@ -466,6 +468,7 @@ EXERCISES = {e.id: e for e in [
             "    return model.float()  # before the optimizer (or Trainer) is built",
         arg='fix',
         check=_check_6_4,
+        in_kernel="its answer returns a whole model, which the check audits where it runs",
         hints=(
             "Mixed precision needs the weights themselves in fp32 (the master copy); autocast "
             "makes the 16-bit copies for the matmuls on the fly.",

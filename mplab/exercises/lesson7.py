@@ -19,11 +19,13 @@ from mplab import lab
 from mplab._display import Table
 from mplab.diagnosis import CAUSES, diagnose
 from mplab.exercises import (
+    TRAIN_STEP_IN_KERNEL,
     Exercise,
     Incorrect,
     Lesson,
     call,
     choice_list,
+    grade_seed,
     in_order,
     multiple_choice,
     python_block,
@@ -230,29 +232,43 @@ def _neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(exact, x, low), torch.where(exact, x, high)
 
 
-def _probe_7_3():
-    g = torch.Generator().manual_seed(7)
+def _probe_7_3(seed: int = 7):
+    g = torch.Generator().manual_seed(seed)
     x = (torch.rand(4096, generator=g) * 2 - 1) * 3.0
     return x, torch.Generator().manual_seed(0)
 
 
-def _check_7_3(fn) -> str | None:
-    x, gen = _probe_7_3()
+def _rounded_between(fn, x, gen) -> tuple[torch.Tensor | None, str | None]:
+    """The learner's rounding of x, and why it is not a rounding to one of bf16's two
+    neighbours of each value (None when it is)."""
     out = call(fn, x.clone(), gen, what="round_stochastic(x, generator)")
     if not isinstance(out, torch.Tensor):
-        return f"round_stochastic must return a tensor; it returned {type(out).__name__}."
+        return None, f"round_stochastic must return a tensor; it returned {type(out).__name__}."
     if out.dtype != torch.bfloat16:
-        return f"The result is {out.dtype}: return the bf16 tensor (the rounded weights)."
+        return None, f"The result is {out.dtype}: return the bf16 tensor (the rounded weights)."
     if out.shape != x.shape:
-        return f"The result's shape {tuple(out.shape)} is not the input's {tuple(x.shape)}."
+        return None, f"The result's shape {tuple(out.shape)} is not the input's {tuple(x.shape)}."
     low, high = _neighbours(x)
     got = out.float()
     if not bool(((got == low) | (got == high)).all()):
-        return ("Some results are neither of the two bf16 numbers around their input: round "
-                "only the bits bf16 drops (the low 16 of an fp32).")
+        return None, ("Some results are neither of the two bf16 numbers around their input: round "
+                      "only the bits bf16 drops (the low 16 of an fp32).")
     if bool((got == x.to(torch.bfloat16).float()).all()):
-        return ("Every value went to its nearest bf16 neighbour: that is a plain cast, "
-                "x.to(torch.bfloat16). The randomness is missing.")
+        return None, ("Every value went to its nearest bf16 neighbour: that is a plain cast, "
+                      "x.to(torch.bfloat16). The randomness is missing.")
+    return out, None
+
+
+def _hidden_7_3(fn) -> str | None:
+    """The same on values drawn for this grading run."""
+    return _rounded_between(fn, *_probe_7_3(seed=grade_seed()))[1]
+
+
+def _check_7_3(fn) -> str | None:
+    x, gen = _probe_7_3()
+    out, why = _rounded_between(fn, x, gen)
+    if why is not None:
+        return why
     exact = torch.tensor([1.0, -2.5, 0.0, 3.140625])
     kept = call(fn, exact.clone(), torch.Generator().manual_seed(1),
                 what="round_stochastic(x, generator)")
@@ -380,6 +396,7 @@ EXERCISES = {e.id: e for e in in_order([
             "    optimizer.zero_grad()",
         arg='train_step',
         check=_check_7_5,
+        in_kernel=TRAIN_STEP_IN_KERNEL,
         hints=(
             "One optimizer step, one unscale_, one step, one update: a micro-batch that does "
             "not step only adds its scaled gradients.",
@@ -412,7 +429,7 @@ EXERCISES = {e.id: e for e in in_order([
             "    rounded = (bits + noise) & -65536\n"
             "    return rounded.view(torch.float32).to(torch.bfloat16)  # exact: low bits 0",
         arg='round_stochastic',
-        check=_check_7_3,
+        check=_check_7_3, hidden=_hidden_7_3, trials=lambda seed: [_probe_7_3(seed)],
         hints=(
             "bf16 is the top 16 bits of an fp32: rounding drops the low 16. Stochastic "
             "rounding rounds up with the chance those dropped bits make of the gap.",

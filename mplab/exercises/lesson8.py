@@ -195,8 +195,6 @@ EXERCISES = {e.id: e for e in in_order([
             "                              reduce_dtype=torch.float32,\n"
             "                              output_dtype=torch.float32)",
         check=_check_8_1,
-        in_kernel="its answer is a MixedPrecisionPolicy object, which the grader does not "
-                  "unpickle from the learner's kernel",
         hints=(
             "One field per copy of the numbers: the weights a block computes with, the "
             "gradients as they travel, the outputs as the caller gets them.",

@@ -12,7 +12,15 @@ from __future__ import annotations
 import torch
 
 from mplab import lowbit
-from mplab.exercises import Exercise, Incorrect, Lesson, as_number, call, in_order
+from mplab.exercises import (
+    Exercise,
+    Incorrect,
+    Lesson,
+    as_number,
+    call,
+    grade_seed,
+    in_order,
+)
 from mplab.quantize import DelayedScaling
 
 # --- 9.1 an MX block's scale by hand ----------------------------------------------------------
@@ -196,7 +204,7 @@ def _check_9_4(fn) -> str | None:
 
 
 def _hidden_9_4(fn) -> str | None:
-    return _scales_match(fn, inputs_9_4(seed=int(torch.randint(10**6, ()).item())))
+    return _scales_match(fn, inputs_9_4(seed=grade_seed()))
 
 
 # --- the exercises ----------------------------------------------------------------------------
@@ -298,6 +306,7 @@ EXERCISES = {e.id: e for e in in_order([
             "    return tensor_scale, blocks.to(torch.float8_e4m3fn).float()",
         arg="nvfp4_scales",
         check=_check_9_4, hidden=_hidden_9_4,
+        trials=lambda seed: [(x,) for x in inputs_9_4(seed)],
         hints=(
             "Two levels: one fp32 number for the whole tensor, and an 8-bit E4M3 number per "
             "16 values that the tensor scale multiplies.",

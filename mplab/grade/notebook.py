@@ -39,6 +39,7 @@ import logging
 import os
 import pkgutil
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -58,7 +59,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 import mplab
 import mplab.exercises as exercises
 from mplab._display import Table
-from mplab.exercises import CELL_METADATA_KEY, GRADE_LOG_ENV, GRADING_ENV, STATUSES
+from mplab.exercises import CELL_METADATA_KEY, GRADE_LOG_ENV, GRADING_ENV, SEED_ENV, STATUSES
 from mplab.grade.tamper import tamper_flags
 
 __all__ = ["grade_notebook", "GradingError", "exercise_id", "parser", "run",
@@ -111,7 +112,20 @@ def _lesson_module(nb, path: Path):
 
 
 class _Kernel:
-    """One fresh kernel running the notebook's cells; thrown away when a cell hangs or kills it."""
+    """One fresh kernel running the notebook's cells; thrown away when a cell hangs or kills it.
+
+    Closing it ends the processes the kernel left too (a cell that forks 1,000 sleepers, say:
+    RLIMIT_NPROC does not bind root). jupyter_client starts a kernel in a session of its own
+    (``start_new_session``: the kernel's pid is its session's and its process group's id) and,
+    shutting a live kernel down, kills that group; it kills nothing once the kernel has died
+    (``os._exit``, a limit's SIGKILL), and a child that left the group (``setpgid``) or the
+    session (``setsid``) escapes it. So after the shutdown :meth:`close` scans /proc and kills,
+    until none is left, every live process in the kernel's session or group and every one
+    started with this grading's environment (its own MPLAB_GRADE_LOG path, which no other
+    grading shares); it spares one that carries another grading's, should the kernel's pid
+    have been reused. A process that left the session and cleared its environment still
+    escapes: grade untrusted notebooks in a container (see :mod:`mplab.grade.classroom`).
+    """
 
     def __init__(self, nb, cwd: Path, env: dict, startup_timeout: float, setup: str = ""):
         self.client = NotebookClient(
@@ -124,6 +138,10 @@ class _Kernel:
         # The kernel process's own stderr is kernel logging (a learner's prints come back as
         # messages), so it stays out of the report.
         self._stack.enter_context(self.client.setup_kernel(env=env, stderr=subprocess.DEVNULL))
+        provisioner = getattr(self.client.km, "provisioner", None)
+        self._pid = getattr(provisioner, "pid", None)  # its session's and its group's id
+        log = env.get(GRADE_LOG_ENV)
+        self._mark = f"{GRADE_LOG_ENV}={log}".encode() if log else None
 
     def run(self, index: int, timeout: float) -> None:
         """Run one cell; raises CellExecutionError, CellTimeoutError or DeadKernelError."""
@@ -131,8 +149,59 @@ class _Kernel:
         self.client.execute_cell(self.client.nb.cells[index], index)
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):  # the kernel may be dead already
-            self._stack.close()
+        """Shut the kernel down, then end every process it left (see the class's doc)."""
+        try:
+            with contextlib.suppress(Exception):  # the kernel may be dead already
+                self._stack.close()
+        finally:
+            self._end_left_behind()
+
+    def _left_behind(self) -> list[int] | None:
+        """The live processes this kernel left (None where there is no /proc to read)."""
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            return None
+        grade_log = GRADE_LOG_ENV.encode() + b"="
+        found = []
+        for name in names:
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    stat = f.read()
+                # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses
+                state, _, group, session = stat[stat.rindex(b")") + 2:].split()[:4]
+                if state in (b"Z", b"X"):  # dead already, its parent yet to read its status
+                    continue
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+            except (OSError, ValueError):  # gone meanwhile, or not ours to read
+                continue
+            if self._mark is not None and self._mark in environ:
+                found.append(int(name))
+            elif (self._pid in (int(group), int(session))
+                  and not any(v.startswith(grade_log) for v in environ)):
+                found.append(int(name))
+        return found
+
+    def _end_left_behind(self, patience: float = 10.0) -> None:
+        import signal
+
+        deadline = time.monotonic() + patience
+        while True:
+            left = self._left_behind()
+            if left is None:  # no /proc: the kernel's group, as jupyter_client kills it
+                if self._pid:
+                    with contextlib.suppress(OSError):
+                        os.killpg(self._pid, signal.SIGKILL)
+                return
+            if not left or time.monotonic() > deadline:
+                return
+            for pid in left:  # a forking one's new children are found in the next round
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
 
 
 class _Run:
@@ -264,8 +333,9 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
         package_root = str(Path(mplab.__file__).resolve().parent.parent)
         python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
                                       if p)
+        seed = secrets.randbelow(2**31)  # hidden inputs are drawn afresh for every run
         env = {**os.environ, **(env or {}), GRADING_ENV: "1", GRADE_LOG_ENV: str(log),
-               "PYTHONPATH": python_path}
+               SEED_ENV: str(seed), "PYTHONPATH": python_path}
         run = _Run(nb, path.resolve().parent, log, env, started + timeout, cell_timeout,
                    kernel_setup)
         run.run()
@@ -288,7 +358,7 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
             if record.get("event") == "solution":
                 row["solution_viewed"] = True
             elif record.get("event") == "check" and row["decided"] == "grader":
-                _regrade(lesson, row, record, flags)
+                _regrade(lesson, row, record, flags, seed)
             elif record.get("event") == "check" and record.get("status") in STATUSES:
                 row["attempts"].append(record["status"])
                 points = record.get("points", 0)
@@ -315,12 +385,15 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
     }
 
 
-def _regrade(lesson, row: dict, record: dict, flags: list) -> None:
-    """Score one check from the answer its record carries, checked here in the grader's
-    process: the status the learner's kernel wrote is evidence, never the score."""
+def _regrade(lesson, row: dict, record: dict, flags: list, seed: int) -> None:
+    """Score one check from the answer its record carries (a value, or the record of a
+    function's calls), checked here in the grader's process on this run's hidden inputs: the
+    status the learner's kernel wrote is evidence, never the score."""
     xid = row["id"]
+    function = "function" in record
     try:
-        result = lesson.LESSON.regrade(xid, record.get("answer"))
+        result = lesson.LESSON.regrade(xid, record["function"] if function else
+                                       record.get("answer"), seed=seed, function=function)
     except ValueError as e:  # a record with no answer the grader can read: a forged line?
         row["attempts"].append("error")
         row.update(status="error", points=0,
@@ -330,7 +403,10 @@ def _regrade(lesson, row: dict, record: dict, flags: list) -> None:
         return
     row["attempts"].append(result.status)
     row.update(status=result.status, points=result.points, message=result.message)
-    if record.get("status") != result.status:
+    # the kernel's verdict on a function answer leaves the hidden checks to the grader
+    hidden_only = record.get("status") == "passed" and result.message.startswith(
+        exercises.HIDDEN_FAILED)
+    if record.get("status") != result.status and not hidden_only:
         flags.append({"cell": None, "exercise": xid, "what": "grade log", "line": None,
                       "code": f"the log says {xid} {record.get('status')!r}; its answer, "
                               f"checked by the grader, is {result.status!r}"})
