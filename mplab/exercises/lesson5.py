@@ -46,7 +46,7 @@ TORCH_LOOP = '''def train_loop(model, optimizer, dataloader):
         scaler.update()
         optimizer.zero_grad()'''
 
-REFERENCE_LOOP = '''def train_loop(accelerator, model, optimizer, dataloader):
+_REFERENCE_LOOP = '''def train_loop(accelerator, model, optimizer, dataloader):
     model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
     for batch in dataloader:
         loss = model(**batch).loss
@@ -425,7 +425,7 @@ EXERCISES = {e.id: e for e in [
         comment="the Accelerate version of train_loop",
         body="def train_loop(accelerator, model, optimizer, dataloader):\n"
              "    ...  # prepare, then loop (it returns nothing)",
-        key=REFERENCE_LOOP,
+        key=_REFERENCE_LOOP,
         arg='train_loop',
         check=_check_5_1, hidden=_hidden_5_1,
         in_kernel=("its check watches the learner's loop drive an Accelerator (what it "

@@ -18,8 +18,11 @@ A learner's mistake costs that exercise's points, never the report:
 
 Exercise cells are found by their metadata ``{"mplab": {"exercise": "1.1"}}`` (else by an
 ``ex.check("1.1", ...)`` call in the source); the lesson by its ``from mplab.exercises import
-lessonN`` line. ``--with-solutions`` swaps every exercise cell for the exercise's
-``solution_code``, so an instructor can confirm the key earns full marks.
+lessonN`` line. ``--key DIR`` takes the lesson modules, reference answers and hidden checks
+included, from the instructor's key folder (:mod:`mplab.exercises.release`) rather than from the
+installed mplab, which a learner's copy leaves without them. ``--with-solutions`` swaps every
+exercise cell for the exercise's ``solution_code``, so an instructor can confirm the key earns
+full marks.
 
 The report also flags, per cell, code that reaches for the grading itself (the grade log or
 the grader's environment, patching mplab's exercises, reading the answer key, importing a
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -43,6 +47,7 @@ import secrets
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -95,7 +100,26 @@ def _read(path: Path):
         raise GradingError(f"{path} is not a Jupyter notebook ({type(e).__name__}: {e})") from None
 
 
-def _lesson_module(nb, path: Path):
+_KEYS: dict[Path, object] = {}
+_KEYS_LOCK = threading.Lock()
+
+
+def _key_module(folder, name: str):
+    """The lesson module `name` as the instructor's key folder holds it (reference answers and
+    hidden checks included), loaded once, apart from the installed mplab's own."""
+    path = (Path(folder) / f"{name}.py").resolve()
+    with _KEYS_LOCK:
+        if path not in _KEYS:
+            if not path.is_file():
+                raise GradingError(f"the key folder {folder} has no {name}.py")
+            spec = importlib.util.spec_from_file_location(f"mplab_key_{len(_KEYS)}_{name}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _KEYS[path] = module
+        return _KEYS[path]
+
+
+def _lesson_module(nb, path: Path, key=None):
     code = [c for c in nb.cells if c.cell_type == "code"]
     names = [m.group(1) or m.group(2) for c in code for m in _LESSON_IMPORT.finditer(c.source)]
     ids = [i for i in map(exercise_id, code) if i]
@@ -108,6 +132,8 @@ def _lesson_module(nb, path: Path):
     if name not in accepted:
         raise GradingError(f"{path} uses mplab.exercises.{name}, which does not exist; "
                            f"accepted: {', '.join(accepted)}")
+    if key is not None:
+        return _key_module(key, name)
     return importlib.import_module(f"mplab.exercises.{name}")
 
 
@@ -297,7 +323,7 @@ class _Run:
 
 def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
                    with_solutions: bool = False, executed=None, env=None,
-                   kernel_setup: str = "") -> dict:
+                   kernel_setup: str = "", key=None) -> dict:
     """Run a notebook in a fresh kernel and score its exercises.
 
     Returns ``{"notebook", "lesson", "total", "max", "exercises": [{"id", "status", "points",
@@ -310,6 +336,9 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
     learner's cells printed, for an instructor to read). `env`: variables the kernel gets on
     top of the grader's (a class's own HOME and TMPDIR); `kernel_setup`: Python the kernel runs
     in its own process before any cell (a class's limits: :mod:`mplab.grade.classroom`).
+    `key`: the instructor's key folder (:mod:`mplab.exercises.release`), whose lesson modules
+    decide the scores, hidden checks included; without it the installed mplab's own do, and
+    report["key"] says whether they hold a key at all.
     Raises :class:`GradingError` for a missing file, a non-notebook, or no lesson.
     """
     if timeout <= 0 or cell_timeout <= 0:
@@ -318,7 +347,7 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
     started = time.monotonic()
     path = Path(path)
     nb = _read(path)
-    lesson = _lesson_module(nb, path)
+    lesson = _lesson_module(nb, path, key)
     cell_exercise = {i: exercise_id(c) for i, c in enumerate(nb.cells) if c.cell_type == "code"}
     flags = tamper_flags(nb, (GRADE_LOG_ENV, GRADING_ENV), exercise_id)  # as submitted
     if with_solutions:
@@ -381,6 +410,8 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
         "problems": problems,
         "flags": flags,
         "with_solutions": with_solutions,
+        "key": (str(key) if key is not None else "installed mplab"
+                if any(e.key for e in lesson.EXERCISES.values()) else "none"),
         "elapsed_s": round(time.monotonic() - started, 1),
     }
 
@@ -444,6 +475,9 @@ def parser() -> argparse.ArgumentParser:
                         help="time limit for the whole run, in seconds (default 600)")
     parser.add_argument("--cell-timeout", type=float, default=120, metavar="S",
                         help="time limit for one cell, in seconds (default 120)")
+    parser.add_argument("--key", metavar="DIR",
+                        help="the instructor's key folder (python -m mplab.exercises release "
+                             "OUT --key DIR): reference answers and hidden checks from there")
     parser.add_argument("--with-solutions", action="store_true",
                         help="replace each exercise cell with its reference solution")
     parser.add_argument("--executed", metavar="FILE",
@@ -456,7 +490,7 @@ def run(args) -> int:
     try:
         report = grade_notebook(args.notebook, timeout=args.timeout,
                                 cell_timeout=args.cell_timeout, with_solutions=args.with_solutions,
-                                executed=args.executed)
+                                executed=args.executed, key=args.key)
     except GradingError as e:
         print(f"mplab.grade: error: {e}", file=sys.stderr)
         return 2
@@ -472,6 +506,8 @@ def run(args) -> int:
     for f in report["flags"]:  # evidence for the instructor, who decides: nothing is failed
         where = f"cell {f['cell']}, line {f['line']}" if f["cell"] else f"exercise {f['exercise']}"
         print(f"flagged ({f['what']}): {where}: {f['code']}")
+    if report["key"] == "none":
+        print("this mplab holds no answer key: hidden checks did not run (give --key DIR)")
     print(f"Total: {report['total']:g}/{report['max']:g} points ({report['elapsed_s']:g} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
