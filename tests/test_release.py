@@ -39,6 +39,9 @@ def in_release(out: Path, code: str) -> str:
 def test_the_learners_copy_has_no_key_and_no_hidden_check(released):
     out, key = released
     assert sorted(p.name for p in key.glob("*.py")) == [p.name for p in LESSONS]
+    shipped = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert sorted(p.name for p in (out / "notebooks").glob("*.ipynb")) == shipped
+    assert (out / "data" / "sentiment" / "train.jsonl").is_file()
     printed = in_release(out, (
         "import importlib, mplab\n"
         "print(mplab.__file__)\n"

@@ -2,7 +2,8 @@
 
     python -m mplab.exercises release OUT [--key KEYDIR]
 
-OUT gets a copy of mplab (``pip install OUT``, or ``PYTHONPATH=OUT``) whose lesson modules
+OUT gets a copy of the course (``pip install -e OUT``, or ``PYTHONPATH=OUT``): the lesson
+notebooks, the data they train on, and mplab, whose lesson modules
 carry no reference answers and no hidden checks: each ``Exercise``'s `key` is "" and its
 `hidden` is gone, and so are the private functions and constants only they used. The modules
 are rewritten from their syntax trees; nothing of them runs. In that copy ``ex.check`` runs the
@@ -92,12 +93,17 @@ def release(out, key=None) -> list[Path]:
         target = out / "mplab" / "exercises" / path.name
         target.write_text(strip_key(path.read_text(encoding="utf-8")), encoding="utf-8")
         written.append(target)
-    project = package.parent / "pyproject.toml"
-    if project.is_file():  # so that `pip install OUT` works
-        shutil.copyfile(project, out / "pyproject.toml")
+    root = package.parent
+    for folder in ("notebooks", "data"):  # the lessons, and what they train on
+        if (root / folder).is_dir():
+            shutil.copytree(root / folder, out / folder,
+                            ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+    if (root / "pyproject.toml").is_file():  # so that `pip install -e OUT` works
+        shutil.copyfile(root / "pyproject.toml", out / "pyproject.toml")
     (out / "README.md").write_text(
-        "# mplab, a learner's copy\n\nThe lessons' library without the exercises' reference "
-        "answers and hidden checks.\n", encoding="utf-8")
+        "# mplab, a learner's copy\n\nThe lessons (`notebooks/`) and their library without the "
+        "exercises' reference answers and hidden checks. Install it with `pip install -e .` "
+        "and open the notebooks in JupyterLab.\n", encoding="utf-8")
     if key is not None:
         key = Path(key)
         key.mkdir(parents=True, exist_ok=True)

@@ -51,7 +51,7 @@ class Limits:
         return f"import resource as _r; {sets}; del _r"
 
 
-def _grade_one(path: Path, limits: Limits, timeout: float, cell_timeout: float) -> dict:
+def _grade_one(path: Path, limits: Limits, timeout: float, cell_timeout: float, key) -> dict:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mplab-submission-") as tmp:
         work, home, scratch = (Path(tmp) / name for name in ("work", "home", "tmp"))
@@ -62,7 +62,7 @@ def _grade_one(path: Path, limits: Limits, timeout: float, cell_timeout: float) 
         try:
             report = grade_notebook(copy, timeout=timeout, cell_timeout=cell_timeout,
                                     env={"HOME": str(home), "TMPDIR": str(scratch)},
-                                    kernel_setup=limits.kernel_code())
+                                    kernel_setup=limits.kernel_code(), key=key)
             report["error"] = ""
         except GradingError as e:  # not a notebook, no lesson: said in its row
             report = {"lesson": "", "total": 0, "max": 0, "exercises": [], "problems": [],
@@ -76,10 +76,10 @@ def _grade_one(path: Path, limits: Limits, timeout: float, cell_timeout: float) 
 
 
 def grade_class(folder, jobs: int = 2, limits: Limits = Limits(), timeout: float = 600,
-                cell_timeout: float = 120, progress: bool = True) -> list[dict]:
+                cell_timeout: float = 120, progress: bool = True, key=None) -> list[dict]:
     """Every .ipynb in `folder` (sorted by name), graded apart, `jobs` at a time: one report
     each, as :func:`mplab.grade.grade_notebook` makes it plus "error" (why a submission could
-    not be graded, or ""), in the folder's order."""
+    not be graded, or ""), in the folder's order. `key`: the instructor's key folder."""
     from tqdm.auto import tqdm
 
     folder = Path(folder)
@@ -91,7 +91,8 @@ def grade_class(folder, jobs: int = 2, limits: Limits = Limits(), timeout: float
     reports: dict[Path, dict] = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool, tqdm(
             total=len(paths), desc="grading", unit="notebook", disable=not progress) as bar:
-        futures = {pool.submit(_grade_one, p, limits, timeout, cell_timeout): p for p in paths}
+        futures = {pool.submit(_grade_one, p, limits, timeout, cell_timeout, key): p
+                   for p in paths}
         for future in as_completed(futures):
             reports[futures[future]] = future.result()
             bar.update()
@@ -152,8 +153,12 @@ def run(args) -> int:
               "--with-solutions and --executed grade one notebook only", file=sys.stderr)
         return 2
     started = time.monotonic()
+    if args.key is not None and not Path(args.key).is_dir():
+        print(f"mplab.grade: error: --key {args.key} is not a folder (python -m "
+              "mplab.exercises release OUT --key DIR writes one)", file=sys.stderr)
+        return 2
     reports = grade_class(args.notebook, jobs=args.jobs, timeout=args.timeout,
-                          cell_timeout=args.cell_timeout)
+                          cell_timeout=args.cell_timeout, key=args.key)
     write_csv(reports, args.csv, args.json)
     print(Table(gradebook_rows(reports), title=f"{args.notebook}: {len(reports)} notebooks"))
     print(f"{len(reports)} notebooks in {time.monotonic() - started:.1f} s with {args.jobs} "
