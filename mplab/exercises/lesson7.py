@@ -417,7 +417,8 @@ EXERCISES = {e.id: e for e in in_order([
                "neighbours. The check's inputs are finite and within bf16's range (NaN and "
                "inf need no rounding). The check compares every "
                "result with torch's two bf16 neighbours of its input, averages 20,000 "
-               "roundings, and repeats a seed.",
+               "roundings, and repeats a seed; the grader also tries values drawn afresh for "
+               "each grading run.",
         comment="stochastic rounding from fp32 to bf16",
         body="def round_stochastic(x, generator):\n"
              "    return ...  # a bf16 tensor",
