@@ -67,6 +67,36 @@ def test_the_reference_cell_passes_with_full_points_and_says_which_checks_ran(xi
                               "Passed: public and hidden checks.")
 
 
+FUNCTION_IDS = [x for x in IDS if exercise(x).takes_function and not exercise(x).kernel_reason]
+
+
+@pytest.mark.slow
+def test_function_answers_recorded_in_another_process_replay_to_full_marks(tmp_path):
+    """The key of every function exercise the grader decides, run in a fresh Python process
+    as a grading kernel runs it (log, grading and a seed set), replays here, where torch may
+    use another number of threads, to full marks: the record is all the grader needs."""
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "grade.jsonl"
+    script = "\n".join(
+        ["import math, torch"] + [
+            f"from mplab.exercises import lesson{x.split('.')[0]} as ex\n"
+            f"exec({exercise(x).solution_code!r})" for x in FUNCTION_IDS])
+    env = {**os.environ, "MPLAB_GRADE_LOG": str(log), "MPLAB_GRADING": "1",
+           "MPLAB_GRADE_SEED": "31337"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["id"] for r in records] == FUNCTION_IDS
+    for record in records:
+        regraded = lesson_of(record["id"]).LESSON.regrade(record["id"], record["function"],
+                                                           seed=31337, function=True)
+        assert regraded.passed, (record["id"], regraded)
+
+
 @pytest.mark.parametrize("xid", IDS)
 def test_the_grader_checks_the_key_again_from_the_data_the_kernel_logs(xid, tmp_path,
                                                                        monkeypatch):

@@ -135,7 +135,7 @@ def test_answers_that_know_only_the_public_inputs_or_copy_the_key_score_nothing(
     drop_trials = ("for e in ex.LESSON.exercises.values():\n"
                    "    object.__setattr__(e, 'trials', None)\n" + PUBLIC_ONLY_1_5)
     for name, source_1_5 in (("public", PUBLIC_ONLY_1_5), ("dropped", drop_trials)):
-        path = forged_copy(tmp_path, lambda xid: (
+        path = forged_copy(tmp_path, lambda xid, source_1_5=source_1_5: (
             source_1_5 if xid == "1.5" else
             f"answer = ...\nexec(ex.solution('{xid}').code)\nex.check('{xid}', answer)"))
         report = grade_notebook(path, timeout=300)

@@ -329,12 +329,6 @@ def _starter_value(body: str, arg: str):
     return namespace.get(arg)
 
 
-#: Why a train-step exercise is scored in the learner's kernel (`Exercise.in_kernel`).
-TRAIN_STEP_IN_KERNEL = ("its check watches the learner's step drive torch objects (a model, an "
-                        "optimizer, a GradScaler) and reads their state after: what the step "
-                        "does to them is not data the grader can replay")
-
-
 LESSON_FUNCTIONS = ("check", "hint", "solution", "exercise_cells", "cells", "task_markdown")
 
 

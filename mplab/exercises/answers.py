@@ -189,20 +189,31 @@ def code_names(fn) -> set[str]:
     return names
 
 
+_SCALER_STATE = ("_scale", "_growth_tracker")  # what a step changes in a GradScaler
+
+
 def _snapshot(arg):
-    """A copy of what a call may change in place (a tensor, a list of tensors), else None."""
+    """A copy of what a call may change in place, as data: a tensor, a list of tensors, a
+    model's state_dict, a GradScaler's scale and tracker (None before its first use); else
+    None (what a check does not read back)."""
     import torch
 
     if isinstance(arg, torch.Tensor):
         return arg.detach().clone()
     if isinstance(arg, list | tuple) and arg and all(isinstance(a, torch.Tensor) for a in arg):
         return [a.detach().clone() for a in arg]
+    if isinstance(arg, torch.nn.Module):
+        return {"module": {k: v.detach().clone() for k, v in arg.state_dict().items()}}
+    if isinstance(arg, torch.amp.GradScaler):
+        return {"scaler": {name: None if getattr(arg, name, None) is None
+                           else getattr(arg, name).detach().clone() for name in _SCALER_STATE}}
     return None
 
 
 def copied(args: tuple) -> tuple:
     """Fresh copies of a call's arguments (tensors, lists of them, generators), so a call
-    that changes them in place leaves the originals as they were."""
+    that changes them in place leaves the originals as they were; a model, an optimizer or a
+    scaler is passed on as it is (a train step's trials step the same ones in turn)."""
     import torch
 
     def one(arg):
@@ -232,10 +243,38 @@ def _detached(value):
 def _same(a, b) -> bool:
     import torch
 
+    if a is None or b is None:
+        return a is b
     if isinstance(a, list):
         return isinstance(b, list) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict):
+        return (isinstance(b, dict) and a.keys() == b.keys()
+                and all(_same(a[k], b[k]) for k in a))
     return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
             and torch.equal(a, b))
+
+
+def _restore(arg, state) -> None:
+    """Write a recorded state back into the grader's own argument, in place."""
+    import torch
+
+    if isinstance(state, dict) and isinstance(arg, torch.nn.Module) and "module" in state:
+        arg.load_state_dict(state["module"], strict=True)
+        return
+    if isinstance(state, dict) and isinstance(arg, torch.amp.GradScaler) and "scaler" in state:
+        for name in _SCALER_STATE:
+            value = state["scaler"].get(name)
+            setattr(arg, name, None if value is None else value.clone())
+        return
+    targets = arg if isinstance(arg, list | tuple) else [arg]
+    states = state if isinstance(state, list) else [state]
+    if len(targets) != len(states) or not all(
+            isinstance(t, torch.Tensor) and isinstance(s, torch.Tensor)
+            and t.shape == s.shape and t.dtype == s.dtype for t, s in zip(targets, states)):
+        raise RecordIncomplete("the record changes an argument it was not given")
+    with torch.no_grad():
+        for t, s in zip(targets, states):
+            t.copy_(s)
 
 
 class Recording:
@@ -319,8 +358,6 @@ class Replay:
         self.ran_out = False
 
     def __call__(self, *args):
-        import torch
-
         if not self.calls:
             self.ran_out = True
             raise RecordIncomplete("the record has no result for this call")
@@ -332,15 +369,9 @@ class Replay:
         if "raised" in call:
             raise _exception(str(call["raised"]))(str(call.get("message", "")))
         for i, state in dict(call.get("changed", {})).items():
-            arg = args[int(i)]
-            targets = arg if isinstance(arg, list | tuple) else [arg]
-            states = state if isinstance(state, list) else [state]
-            if len(targets) != len(states) or not all(
-                    isinstance(t, torch.Tensor) and isinstance(s, torch.Tensor)
-                    and t.shape == s.shape and t.dtype == s.dtype
-                    for t, s in zip(targets, states)):
-                raise RecordIncomplete("the record changes an argument it was not given")
-            with torch.no_grad():
-                for t, s in zip(targets, states):
-                    t.copy_(s)
+            try:
+                _restore(args[int(i)], state)
+            except (IndexError, KeyError, RuntimeError, TypeError, ValueError):
+                raise RecordIncomplete("the record changes an argument it was not given"
+                                       ) from None
         return call.get("returned")

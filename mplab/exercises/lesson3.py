@@ -18,7 +18,6 @@ import random
 import torch
 
 from mplab.exercises import (
-    TRAIN_STEP_IN_KERNEL,
     Exercise,
     Incorrect,
     Lesson,
@@ -226,27 +225,38 @@ def _reference_step(model, optimizer, scaler, x, y, order: str) -> None:
     optimizer.zero_grad()
 
 
-def _run(step, steps: int = 3):
-    model, optimizer, x, y = _problem()
+def _trials_3_3(seed: int, steps: int = 3) -> list[tuple]:
+    """The calls `steps` steps make: the same model, optimizer and scaler, stepped in turn."""
+    model, optimizer, x, y = _problem(seed)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-    for _ in range(steps):
-        step(model, optimizer, scaler, x, y)
-    return [p.detach().clone() for p in model.parameters()]
+    return [(model, optimizer, scaler, x, y)] * steps
 
 
-def _check_3_3(fn) -> str | None:
-    got = call(_run, fn, what="train_step(model, optimizer, scaler, x, y)")
-    if same_tensors(got, _run(lambda *a: _reference_step(*a, order="right"))):
+def _run(step, seed: int = 0):
+    trials = _trials_3_3(seed)
+    for args in trials:
+        step(*args)
+    return [p.detach().clone() for p in trials[0][0].parameters()]
+
+
+def _check_3_3(fn, seed: int = 0) -> str | None:
+    got = call(_run, fn, seed, what="train_step(model, optimizer, scaler, x, y)")
+    if same_tensors(got, _run(lambda *a: _reference_step(*a, order="right"), seed)):
         return None
-    if same_tensors(got, _run(lambda *a: _reference_step(*a, order="buggy"))):
+    if same_tensors(got, _run(lambda *a: _reference_step(*a, order="buggy"), seed)):
         return ("Still the bug: clip_grad_norm_ runs on the *scaled* gradients, whose norm is "
                 "about `scale` times too large, so clipping shrinks them far too much (and "
                 "max_norm means nothing). Unscale first, then clip.")
-    if same_tensors(got, _run(lambda *a: _reference_step(*a, order="none"))):
+    if same_tensors(got, _run(lambda *a: _reference_step(*a, order="none"), seed)):
         return ("The bug is gone, but so is the clipping: keep clip_grad_norm_(model."
                 f"parameters(), {MAX_NORM}), just in the right place.")
     return ("After 3 steps your model's weights differ from a correct loop's. Keep the same "
             "calls as the buggy loop (same loss, same max_norm), only in the right order.")
+
+
+def _hidden_3_3(fn) -> str | None:
+    """The same 3 steps from weights and data drawn for this grading run."""
+    return _check_3_3(fn, grade_seed())
 
 
 # --- 3.4 why bf16 needs no scaler -------------------------------------------------------------
@@ -433,7 +443,8 @@ EXERCISES = {e.id: e for e in [
                f"{python_block(BUGGY_3_3)}\n\n"
                "Write the fixed `train_step(model, optimizer, scaler, x, y)`: the same calls, "
                "in the right order. It need return nothing: it is checked by running 3 steps "
-               "against a correct loop, weights compared bit for bit.",
+               "against a correct loop, weights compared bit for bit (the grader also starts "
+               "from weights and data drawn for each grading run).",
         comment="the fixed train_step (same calls, right order)",
         body="def train_step(model, optimizer, scaler, x, y):\n"
              "    return ...  # fix the loop above",
@@ -446,8 +457,7 @@ EXERCISES = {e.id: e for e in [
             "    scaler.update()\n"
             "    optimizer.zero_grad()",
         arg='train_step',
-        check=_check_3_3,
-        in_kernel=TRAIN_STEP_IN_KERNEL,
+        check=_check_3_3, hidden=_hidden_3_3, trials=_trials_3_3,
         hints=(
             "After scaler.scale(loss).backward(), every gradient is multiplied by the scale "
             "(65536 by default). What does a gradient norm mean then?",

@@ -17,12 +17,12 @@ import torch
 
 from mplab._display import Table
 from mplab.exercises import (
-    TRAIN_STEP_IN_KERNEL,
     Exercise,
     Incorrect,
     Lesson,
     call,
     choice_list,
+    grade_seed,
     in_order,
     multiple_choice,
     one_letter,
@@ -47,9 +47,9 @@ RIGHT_4_2 = (["forward", "backward", "step", "update", "zero_grad"],
              ["zero_grad", "forward", "backward", "step", "update"])
 
 
-def _tiny():
+def _tiny(seed: int = 0):
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         model = torch.nn.Linear(4, 1)
         x, y = torch.randn(8, 4), torch.randn(8, 1)
     return model, torch.optim.SGD(model.parameters(), lr=0.1), x, y
@@ -125,30 +125,45 @@ def _course_step(model, optimizer, scaler, x, y, *, autocast=True, scaled=True):
     optimizer.zero_grad()
 
 
-def _weights_after(step, iterations: int = 3):
-    model, optimizer, x, y = _tiny()
+def _trials_4_3(seed: int, iterations: int = 3) -> list[tuple]:
+    """The calls 3 steps make: the same model, optimizer and scaler, stepped in turn."""
+    model, optimizer, x, y = _tiny(seed)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
-    for _ in range(iterations):
-        step(model, optimizer, scaler, x, y)
+    return [(model, optimizer, scaler, x, y)] * iterations
+
+
+def _weights_after(step, seed: int = 0):
+    trials = _trials_4_3(seed)
+    for args in trials:
+        step(*args)
+    model, _, scaler, _, _ = trials[0]
     return [p.detach().clone() for p in model.parameters()], scaler
 
 
-def _check_4_3(fn) -> str | None:
-    got, scaler = call(_weights_after, fn, what="train_step(model, optimizer, scaler, x, y)")
+def _check_4_3(fn, seed: int = 0) -> str | None:
+    got, scaler = call(_weights_after, fn, seed,
+                       what="train_step(model, optimizer, scaler, x, y)")
     if scaler._scale is None:  # scaler.scale() never ran (torch creates the scale lazily)
-        if same_tensors(got, _weights_after(functools.partial(_course_step, scaled=False))[0]):
+        if same_tensors(got, _weights_after(functools.partial(_course_step, scaled=False),
+                                            seed)[0]):
             return ("The forward runs in fp16, but the loss is not scaled: small fp16 "
                     "gradients underflow. Use scaler.scale(loss).backward(), "
                     "scaler.step(optimizer) and scaler.update().")
         return ("The scaler given to train_step is never used: scale the loss with it, and "
                 "step and update through it.")
-    if same_tensors(got, _weights_after(_course_step)[0]):
+    if same_tensors(got, _weights_after(_course_step, seed)[0]):
         return None
-    if same_tensors(got, _weights_after(functools.partial(_course_step, autocast=False))[0]):
+    if same_tensors(got, _weights_after(functools.partial(_course_step, autocast=False),
+                                        seed)[0]):
         return ("The scaler is in, but the forward pass still runs in fp32: wrap the model "
                 "call and the loss in torch.autocast(\"cpu\", dtype=torch.float16).")
     return ("After 3 steps the weights differ from the reference step's. Keep the same loss "
             "(computed under autocast), then scale, step, update, zero_grad.")
+
+
+def _hidden_4_3(fn) -> str | None:
+    """The same 3 steps from weights and data drawn for this grading run."""
+    return _check_4_3(fn, grade_seed())
 
 
 # --- 4.4 why does the loss go NaN? ------------------------------------------------------------
@@ -263,7 +278,8 @@ EXERCISES = {e.id: e for e in in_order([
                "Write the new `train_step(model, optimizer, scaler, x, y)`; it need return "
                "nothing. Autocast on the device the tensors are on (`x.device.type`: \"cpu\" "
                "here). It is run for 3 steps on a small model on the CPU and compared, weights "
-               "bit for bit, with a reference fp16 step.",
+               "bit for bit, with a reference fp16 step (the grader also starts from weights "
+               "and data drawn for each grading run).",
         comment="the fp16 version of train_step (autocast + the given scaler)",
         body="def train_step(model, optimizer, scaler, x, y):\n"
              "    return ...  # the fp16 version",
@@ -275,8 +291,7 @@ EXERCISES = {e.id: e for e in in_order([
             "    scaler.update()\n"
             "    optimizer.zero_grad()",
         arg='train_step',
-        check=_check_4_3,
-        in_kernel=TRAIN_STEP_IN_KERNEL,
+        check=_check_4_3, hidden=_hidden_4_3, trials=_trials_4_3,
         hints=(
             "Two changes: the forward pass (model and loss) runs under autocast, and the "
             "backward/step go through the scaler.",

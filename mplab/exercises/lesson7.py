@@ -19,7 +19,6 @@ from mplab import lab
 from mplab._display import Table
 from mplab.diagnosis import CAUSES, diagnose
 from mplab.exercises import (
-    TRAIN_STEP_IN_KERNEL,
     Exercise,
     Incorrect,
     Lesson,
@@ -396,7 +395,8 @@ EXERCISES = {e.id: e for e in in_order([
             "    optimizer.zero_grad()",
         arg='train_step',
         check=_check_7_5,
-        in_kernel=TRAIN_STEP_IN_KERNEL,
+        in_kernel=("its check counts the scaler calls a Recorder sees the step make, live in "
+                   "the learner's kernel: calls are not data the grader can replay"),
         hints=(
             "One optimizer step, one unscale_, one step, one update: a micro-batch that does "
             "not step only adds its scaled gradients.",
