@@ -12,6 +12,7 @@ of what it returned. An output the record lacks is a record mplab did not write.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import importlib
@@ -336,7 +337,11 @@ class RecordIncomplete(Exception):
 
 
 def _exception(name: str) -> type[Exception]:
-    """An exception class named as the learner's was, so a check's message reads the same."""
+    """The exception class the learner's function raised: Python's own where it is one (so a
+    check's ``except RuntimeError`` catches it again), else one named as it was."""
+    builtin = getattr(builtins, name, None)
+    if isinstance(builtin, type) and issubclass(builtin, Exception):
+        return builtin
     ok = name.isidentifier() and not keyword.iskeyword(name)
     return type(name if ok else "Exception", (Exception,), {})
 
@@ -367,7 +372,12 @@ class Replay:
         for event in call.get("notes", []):
             note(str(event))
         if "raised" in call:
-            raise _exception(str(call["raised"]))(str(call.get("message", "")))
+            message = str(call.get("message", ""))
+            try:
+                error = _exception(str(call["raised"]))(message)
+            except Exception:  # one of Python's that takes other arguments than a message
+                error = Exception(message)
+            raise error
         for i, state in dict(call.get("changed", {})).items():
             try:
                 _restore(args[int(i)], state)

@@ -30,6 +30,7 @@ from mplab.exercises import (
     python_block,
     same_tensors,
 )
+from mplab.exercises.answers import note, watching
 from mplab.hardware import UNITS, has_units
 
 # --- 7.1 why bf16 loses at the lesson size ----------------------------------------------------
@@ -166,31 +167,48 @@ def _reference_7_5(model, optimizer, scaler, micro_batches, autocast, unscale=Tr
     optimizer.zero_grad()
 
 
-def _run_7_5(step, steps: int = 2):
-    """`steps` optimizer steps of 2 micro-batches of 8 on the lab model, fp16 autocast on the
-    CPU, watched by a Recorder; the weights after, and the record."""
-    from mplab.train import Recorder
+_SCALER_CALLS = ("unscale_", "step", "update")
 
-    model = lab.lab_model()
+
+def _noted(name: str, method):
+    @functools.wraps(method)
+    def noted(*args, **kwargs):
+        note(f"scaler.{name}")  # counted by the check, and made again by the grader's replay
+        return method(*args, **kwargs)
+    return noted
+
+
+def _trials_7_5(seed: int = 0, steps: int = 2) -> list[tuple]:
+    """The calls `steps` optimizer steps make, in turn: 2 micro-batches of 8 each, on the lab
+    model (its head from `seed`), fp16 autocast on the CPU, the scaler's calls noted."""
+    model = lab.lab_model(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    for name in _SCALER_CALLS:
+        setattr(scaler, name, _noted(name, getattr(scaler, name)))
     autocast = torch.autocast("cpu", dtype=torch.float16)
-    with Recorder(model, optimizer, scaler=scaler, autocast=autocast, max_grad_norm=1.0) as rec:
-        for batch in lab.lab_batches(steps, batch_size=16):
-            micro = [{k: v[i::2] for k, v in batch.items()} for i in range(2)]
-            step(model, optimizer, scaler, micro, autocast)
-            rec.step(0.0)
-        return [p.detach().clone() for p in model.parameters()], rec.finish()
+    return [(model, optimizer, scaler, [{k: v[i::2] for k, v in batch.items()} for i in range(2)],
+             autocast) for batch in lab.lab_batches(steps, batch_size=16)]
 
 
-@functools.cache
-def _reference_weights(unscale: bool = True):
-    return _run_7_5(functools.partial(_reference_7_5, unscale=unscale))[0]
+def _run_7_5(step, seed: int = 0):
+    """The weights after the steps of :func:`_trials_7_5`, and each step's scaler calls."""
+    trials, calls = _trials_7_5(seed), []
+    for args in trials:
+        with watching() as seen:
+            step(*args)
+        calls.append({name: seen.count(f"scaler.{name}") for name in _SCALER_CALLS})
+    return [p.detach().clone() for p in trials[0][0].parameters()], calls
 
 
-def _check_7_5(fn) -> str | None:
+@functools.lru_cache(maxsize=8)
+def _reference_weights(unscale: bool = True, seed: int = 0):
+    return _run_7_5(functools.partial(_reference_7_5, unscale=unscale), seed)[0]
+
+
+def _check_7_5(fn, seed: int = 0) -> str | None:
     try:
-        weights, result = _run_7_5(fn)
+        weights, step_calls = _run_7_5(fn, seed)
     except RuntimeError as err:
         if "unscale_() has already been called" in str(err):
             return ("torch refused: unscale_() ran twice before an update(). Each micro-batch "
@@ -199,7 +217,7 @@ def _check_7_5(fn) -> str | None:
     except Exception as err:
         raise Incorrect(f"train_step raised {type(err).__name__}: {err}",
                         status="error") from None
-    calls = result.scaler_calls[0]
+    calls = step_calls[0]
     if calls["update"] > 1 or calls["unscale_"] > 1:
         return (f"The scaler still ran unscale_ {calls['unscale_']}× and update "
                 f"{calls['update']}× for one optimizer step: diagnose says "
@@ -207,14 +225,19 @@ def _check_7_5(fn) -> str | None:
     if calls["step"] != 1:
         return (f"scaler.step ran {calls['step']}× in one call: the optimizer steps once, after "
                 "the last micro-batch.")
-    if same_tensors(weights, _reference_weights()):
+    if same_tensors(weights, _reference_weights(seed=seed)):
         return None
-    if same_tensors(weights, _reference_weights(unscale=False)):
+    if same_tensors(weights, _reference_weights(unscale=False, seed=seed)):
         return ("The scaler's calls are right, but the gradients are not unscaled before "
                 "clipping (scaler.step does it too late for clip_grad_norm_): keep the clip, "
                 "on the true gradients.")
     return ("After 2 steps your weights differ from a correct loop's: keep the same loss, "
             "the clip at max_norm=1.0 and AdamW; only where the scaler's calls go changes.")
+
+
+def _hidden_7_5(fn) -> str | None:
+    """The same steps on the lab model with a head drawn for this grading run."""
+    return _check_7_5(fn, grade_seed())
 
 
 # --- 7.3 stochastic rounding ------------------------------------------------------------------
@@ -378,8 +401,8 @@ EXERCISES = {e.id: e for e in in_order([
                + "\n\nWrite a correct `train_step(model, optimizer, scaler, micro_batches, "
                "autocast)`: the same loss, clip and optimizer step, with each scaler call "
                "where it belongs; it need return nothing. The check trains the lab model 2 steps "
-               "of 2 micro-batches with a Recorder watching, and compares the weights with a "
-               "correct loop's.",
+               "of 2 micro-batches, counting the scaler's calls, and compares the weights with "
+               "a correct loop's (the grader also tries a head drawn for each grading run).",
         comment="gradient accumulation with a GradScaler, done right",
         body="def train_step(model, optimizer, scaler, micro_batches, autocast):\n"
              "    return ...  # fix the loop above",
@@ -395,8 +418,7 @@ EXERCISES = {e.id: e for e in in_order([
             "    optimizer.zero_grad()",
         arg='train_step',
         check=_check_7_5,
-        in_kernel=("its check counts the scaler calls a Recorder sees the step make, live in "
-                   "the learner's kernel: calls are not data the grader can replay"),
+        hidden=_hidden_7_5, trials=_trials_7_5,
         hints=(
             "One optimizer step, one unscale_, one step, one update: a micro-batch that does "
             "not step only adds its scaled gradients.",
