@@ -281,9 +281,9 @@ class Exercise:
     points: int = 1
     arg: str = "answer"
     blank: Callable[[Any], bool] | None = None
-    # why the grader cannot check this answer in its own process, if so: a function answer is
-    # checked there on a replay of its calls (mplab.exercises.answers), which needs a check
-    # that hands it data and reads back data
+    # why the grader cannot check this answer in its own process, if so (a check that watches
+    # live objects which are not data); a function answer is checked there on a replay of its
+    # calls (mplab.exercises.answers)
     in_kernel: str = ""
     # A function answer's hidden check calls it on exactly these arguments, in order (drawn
     # from the run's seed): the kernel makes those calls for the grader, which judges them.
@@ -363,9 +363,7 @@ class Lesson:
         """Check an answer: "passed", "failed" (and why), "not attempted" or "error"."""
         ex = self.get(id)
         record: dict = {"event": "check"}
-        if not os.environ.get(GRADE_LOG_ENV):
-            result = self._check(ex, answer)
-        elif ex.kernel_reason:
+        if not os.environ.get(GRADE_LOG_ENV) or ex.kernel_reason:  # nothing for a grader
             result = self._check(ex, answer)
         elif ex.takes_function and callable(answer) and not ex.is_blank(answer):
             # the grader cannot run the learner's code: it replays what the function gave
