@@ -1,32 +1,28 @@
 """A class graded at once: a folder of lesson-1 submissions (a blank, the key, half answers,
 hostile ones), each in its own folder and kernel under limits, into one CSV; one that hangs,
-allocates 10 GB or forges its log costs its own grade only."""
+allocates 10 GB, forges its log, forks 1,000 processes or writes past the file-size limit
+costs its own grade only, and leaves no process behind."""
 
 import csv
+import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from mplab.exercises import lesson1
-from mplab.grade import exercise_id
 from mplab.grade.classroom import Limits, grade_class, gradebook_rows
 
-LESSON_1 = Path(__file__).resolve().parents[1] / "notebooks" / "01_float_formats.ipynb"
-
-
-def submission(folder: Path, name: str, cells: dict) -> Path:
-    """Lesson 1 with exercise cells replaced: cells[xid] is the new source (None: the key)."""
-    nb = nbformat.read(LESSON_1, 4)
-    for cell in nb.cells:
-        xid = exercise_id(cell) if cell.cell_type == "code" else None
-        if xid in cells:
-            cell.source = cells[xid] or lesson1.EXERCISES[xid].solution_code
-    path = folder / f"{name}.ipynb"
-    nbformat.write(nb, path)
-    return path
+# The one generator of lesson-1 submissions is the class benchmark's.
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_grade_class.py"
+_spec = importlib.util.spec_from_file_location("bench_grade_class", BENCH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+submission = bench.submission
+# The forked processes' name: this run's own, should another run of this file share the machine.
+MARK = f"mplab-{os.getpid() % 10**8}"
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +32,16 @@ def klass(tmp_path_factory):
     key = submission(folder, "key", dict.fromkeys(ids))
     submission(folder, "blank", {})
     submission(folder, "half", dict.fromkeys(ids[:2]))
-    submission(folder, "forger", {x: (
-        "import json, os\nwith open(os.environ['MPLAB_GRADE_LOG'], 'a') as f:\n"
-        f"    f.write(json.dumps({{'event': 'check', 'id': '{x}', 'status': 'passed', "
-        "'points': 1}) + '\\n')") for x in ids})
+    submission(folder, "forger", bench.forger())
     submission(folder, "reader", {ids[0]: f"answer = len(open({str(key)!r}).read())\n"
                                            f"ex.check('{ids[0]}', answer)"})
     submission(folder, "hog", {ids[0]: "x = bytearray(10 * 2**30)"})
     submission(folder, "hang", {ids[1]: "while True:\n    pass"})
+    submission(folder, "forker", bench.forker(1000, folder / "forked.txt", MARK))
+    submission(folder, "filler", bench.filler(64))  # MiB, past file_mb
     (folder / "notes.ipynb").write_text("not a notebook")
-    reports = grade_class(folder, jobs=2, limits=Limits(memory_gb=6), cell_timeout=10,
-                          progress=False)
+    reports = grade_class(folder, jobs=2, limits=Limits(memory_gb=6, file_mb=16),
+                          cell_timeout=10, progress=False)
     return folder, {Path(r["notebook"]).stem: r for r in reports}
 
 
@@ -65,11 +60,9 @@ def test_each_submission_gets_its_own_grade(klass):
 @pytest.mark.slow
 def test_hostile_submissions_cost_only_their_own_points(klass):
     _, by = klass
-    decided = [e for e in by["forger"]["exercises"] if e["decided"] == "grader"]
-    assert decided and all(e["points"] == 0 for e in decided)
-    # the function answer (1.5) is still scored from the kernel's log: what it forged counts
-    assert by["forger"]["total"] == sum(e["points"] for e in by["forger"]["exercises"]
-                                        if e["decided"] == "in-kernel") > 0
+    # every exercise of lesson 1, the function answer (1.5) too, is decided by the grader
+    assert {e["decided"] for e in by["forger"]["exercises"]} == {"grader"}
+    assert by["forger"]["total"] == 0
     assert any(f["what"] == "grade log" for f in by["forger"]["flags"])
     assert any(f["what"] == "outside files" for f in by["reader"]["flags"])
     assert by["hog"]["exercises"][0]["status"] == "error"
@@ -79,6 +72,54 @@ def test_hostile_submissions_cost_only_their_own_points(klass):
     # the rest of the hanging notebook was still graded, in a new kernel
     assert by["hang"]["exercises"][2]["status"] == "not attempted"
     assert "is not a Jupyter notebook" in by["notes"]["error"]
+
+
+def graded(report: dict, ids: list) -> list:
+    return [(e["id"], e["status"], e["points"]) for e in report["exercises"] if e["id"] in ids]
+
+
+@pytest.mark.slow
+def test_a_fork_bomb_costs_nothing_else_and_no_process_of_it_survives(klass):
+    """1,000 sleepers (a third out of the kernel's process group, a third out of its session,
+    all orphans once their forking parent exits): RLIMIT_NPROC does not bind root, so the
+    grader ends them when it drops the kernel. They are found by the name each gave itself."""
+    folder, by = klass
+    forked = int((folder / "forked.txt").read_text())
+    assert forked == 1000 if os.geteuid() == 0 else forked > 0
+    assert bench.left_behind(MARK) == 0
+    forker = by["forker"]
+    assert forker["exercises"][0]["status"] == "not attempted"  # the cell ran to its end
+    later = list(lesson1.EXERCISES)[1:]
+    assert graded(forker, later) == graded(by["key"], later)  # and so did the rest
+
+
+@pytest.mark.slow
+def test_a_file_past_the_size_limit_fails_its_exercise_only(klass):
+    _, by = klass
+    filler = by["filler"]["exercises"][0]
+    assert filler["status"] == "error" and "File too large" in filler["message"]
+    later = list(lesson1.EXERCISES)[1:]
+    assert graded(by["filler"], later) == graded(by["key"], later)  # the same kernel went on
+
+
+def test_the_class_generator_mixes_every_kind(tmp_path):
+    made = bench.make_class(tmp_path, 12)
+    assert sorted(p.name for p in tmp_path.glob("*.ipynb")) == sorted(made)
+    assert set(made.values()) == set(bench.KINDS) and len(made) == 12
+
+
+@pytest.mark.slow
+def test_the_class_benchmark_prints_its_figures_and_one_csv(tmp_path):
+    """The benchmark at its smallest (~25 s): one submission alone, then as a class."""
+    out = tmp_path / "grades.csv"
+    said = subprocess.run([sys.executable, str(BENCH), "--n", "1", "--jobs", "1", "--csv",
+                           str(out)], capture_output=True, text=True, timeout=180)
+    assert said.returncode == 0, said.stderr
+    assert [r["file"] for r in csv.DictReader(out.open())] == ["00-key.ipynb"]
+    for figure in ("time per submission alone: mean", "sum of single runs / jobs:",
+                   "class run, jobs=1:", "ratio:", "criterion: at most 1.2",
+                   "forked processes left behind: 0"):
+        assert figure in said.stdout, said.stdout
 
 
 @pytest.mark.slow
@@ -106,3 +147,7 @@ def test_the_cli_grades_a_folder_into_a_csv(tmp_path):
     said = subprocess.run([sys.executable, "-m", "mplab.grade", str(folder)],
                           capture_output=True, text=True, timeout=60)
     assert said.returncode == 2 and "needs --csv FILE" in said.stderr
+    no_key = subprocess.run([sys.executable, "-m", "mplab.grade", str(folder), "--csv", str(out),
+                             "--key", str(tmp_path / "nowhere")],
+                            capture_output=True, text=True, timeout=60)
+    assert no_key.returncode == 2 and "nowhere is not a folder" in no_key.stderr

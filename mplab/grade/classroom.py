@@ -8,11 +8,14 @@ so a kernel's working files land apart from every other's and are removed after.
 cell the kernel limits itself (``resource.setrlimit`` in its own process, inherited by what it
 forks): its address space (`Limits.memory_gb`), its CPU time (`cpu_s`), the size of a file it
 writes (`file_mb`) and, for a user other than root, its processes (`processes`). A submission
-that hangs, crashes, fills the disk or forks costs its own grade, never the others'.
+that hangs, crashes, fills the disk or forks costs its own grade, never the others'; when its
+kernel is shut down or dropped, the processes it left (in its session or process group, or
+started with its environment) are killed too.
 
 What this does not do, said plainly: the kernel runs as the grader's user, so it can read any
 file that user can (the other submissions included, by absolute path): the report flags such
-reads, it does not prevent them; root may raise its own limits again. Grade untrusted
+reads, it does not prevent them; root may raise its own limits again; a process that leaves
+the kernel's session and clears its environment outlives the grading. Grade untrusted
 notebooks as an unprivileged user, in a container or a VM.
 """
 

@@ -427,6 +427,11 @@ def _regrade(lesson, row: dict, record: dict, flags: list, seed: int) -> None:
                                        record.get("answer"), seed=seed, function=function)
     except ValueError as e:  # a record with no answer the grader can read: a forged line?
         row["attempts"].append("error")
+        if function and record.get("status") == "error":
+            # the kernel's check itself stopped early (out of memory, say), so its record of
+            # the calls is short: its own error, which scores nothing anyway, is the report
+            row.update(status="error", points=0, message=str(record.get("message", "")))
+            return
         row.update(status="error", points=0,
                    message=f"The grade log's record of this check is not one mplab wrote: {e}.")
         flags.append({"cell": None, "exercise": xid, "what": "grade log", "line": None,
