@@ -42,9 +42,13 @@ FORK_MARK = "mplab-fork-mark"  # the forked processes' name (/proc/PID/comm: 15 
 IDS = list(lesson1.EXERCISES)
 
 
-def submission(folder: Path, name: str, cells: dict) -> Path:
-    """Lesson 1 with exercise cells replaced: cells[xid] is the new source (None: the key)."""
+def submission(folder: Path, name: str, cells: dict, whole: bool = True) -> Path:
+    """Lesson 1 with exercise cells replaced: cells[xid] is the new source (None: the key).
+    Not `whole`: only the cell importing the exercises and the exercise cells (a quick one)."""
     nb = nbformat.read(LESSON_1, 4)
+    if not whole:
+        nb.cells = [c for c in nb.cells if c.cell_type == "code" and (
+            exercise_id(c) or "mplab.exercises import" in c.source)]
     for cell in nb.cells:
         xid = exercise_id(cell) if cell.cell_type == "code" else None
         if xid in cells:

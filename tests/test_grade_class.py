@@ -20,7 +20,12 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_grade_class.
 _spec = importlib.util.spec_from_file_location("bench_grade_class", BENCH)
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
-submission = bench.submission
+
+
+def submission(folder: Path, name: str, cells: dict) -> Path:
+    """A quick lesson-1 submission: its exercise cells and the import they need."""
+    return bench.submission(folder, name, cells, whole=False)
+
 # The forked processes' name: this run's own, should another run of this file share the machine.
 MARK = f"mplab-{os.getpid() % 10**8}"
 
@@ -40,8 +45,9 @@ def klass(tmp_path_factory):
     submission(folder, "forker", bench.forker(1000, folder / "forked.txt", MARK))
     submission(folder, "filler", bench.filler(64))  # MiB, past file_mb
     (folder / "notes.ipynb").write_text("not a notebook")
+    # 20 s a cell: a cell that imports torch on a loaded machine takes some of it
     reports = grade_class(folder, jobs=2, limits=Limits(memory_gb=6, file_mb=16),
-                          cell_timeout=10, progress=False)
+                          cell_timeout=20, progress=False)
     return folder, {Path(r["notebook"]).stem: r for r in reports}
 
 
@@ -68,7 +74,7 @@ def test_hostile_submissions_cost_only_their_own_points(klass):
     assert by["hog"]["exercises"][0]["status"] == "error"
     assert "MemoryError" in by["hog"]["exercises"][0]["message"]
     hang = by["hang"]["exercises"][1]
-    assert hang["status"] == "error" and "10" in hang["message"]
+    assert hang["status"] == "error" and "20" in hang["message"]
     # the rest of the hanging notebook was still graded, in a new kernel
     assert by["hang"]["exercises"][2]["status"] == "not attempted"
     assert "is not a Jupyter notebook" in by["notes"]["error"]
@@ -106,20 +112,6 @@ def test_the_class_generator_mixes_every_kind(tmp_path):
     made = bench.make_class(tmp_path, 12)
     assert sorted(p.name for p in tmp_path.glob("*.ipynb")) == sorted(made)
     assert set(made.values()) == set(bench.KINDS) and len(made) == 12
-
-
-@pytest.mark.slow
-def test_the_class_benchmark_prints_its_figures_and_one_csv(tmp_path):
-    """The benchmark at its smallest (~25 s): one submission alone, then as a class."""
-    out = tmp_path / "grades.csv"
-    said = subprocess.run([sys.executable, str(BENCH), "--n", "1", "--jobs", "1", "--csv",
-                           str(out)], capture_output=True, text=True, timeout=180)
-    assert said.returncode == 0, said.stderr
-    assert [r["file"] for r in csv.DictReader(out.open())] == ["00-key.ipynb"]
-    for figure in ("time per submission alone: mean", "sum of single runs / jobs:",
-                   "class run, jobs=1:", "ratio:", "criterion: at most 1.2",
-                   "forked processes left behind: 0"):
-        assert figure in said.stdout, said.stdout
 
 
 @pytest.mark.slow

@@ -8,13 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from mplab.exercises import lesson1, release
 
 ROOT = Path(__file__).resolve().parents[1]
-LESSON_1 = ROOT / "notebooks" / "01_float_formats.ipynb"
 LESSONS = sorted((ROOT / "mplab" / "exercises").glob("lesson[0-9]*.py"))
 
 
@@ -112,9 +110,10 @@ def test_the_grader_takes_the_key_from_the_instructors_folder(released, tmp_path
     """Grading with the learner's copy installed: --key DIR gives the key full marks, hidden
     checks included, in a kernel that has no key; without it, the report says the hidden
     checks did not run."""
+    from test_tamper import forged_copy
+
     out, key = released
-    copy = tmp_path / "lesson1.ipynb"
-    copy.write_bytes(LESSON_1.read_bytes())
+    copy = forged_copy(tmp_path, None, "lesson1")  # lesson 1's exercise cells, as shipped
     full = sum(e.points for e in lesson1.EXERCISES.values())
     report = grade(out, copy, "--key", str(key), "--with-solutions")
     assert report["total"] == full and report["key"] == str(key), report["exercises"]
@@ -126,17 +125,12 @@ def test_the_grader_takes_the_key_from_the_instructors_folder(released, tmp_path
 @pytest.mark.slow
 def test_with_the_key_apart_an_answer_that_knows_only_the_public_inputs_fails(released,
                                                                                tmp_path):
-    from test_tamper import PUBLIC_ONLY_1_5
+    from test_tamper import PUBLIC_ONLY_1_5, forged_copy
 
     out, key = released
-    nb = nbformat.read(LESSON_1, 4)
-    for cell in nb.cells:
-        if cell.get("metadata", {}).get("mplab", {}).get("exercise") == "1.5":
-            cell.source = PUBLIC_ONLY_1_5
-        elif cell.get("metadata", {}).get("mplab", {}).get("exercise") == "1.1":
-            cell.source = "print(ex.solution('1.1'))\nex.check('1.1', ...)"
-    path = tmp_path / "public_only.ipynb"
-    nbformat.write(nb, path)
+    cells = {"1.5": PUBLIC_ONLY_1_5, "1.1": "print(ex.solution('1.1'))\nex.check('1.1', ...)"}
+    path = forged_copy(tmp_path, lambda xid: cells.get(xid, f"ex.check('{xid}', ...)"),
+                       "public_only")
     report = grade(out, path, "--key", str(key))
     by_id = {r["id"]: r for r in report["exercises"]}
     assert by_id["1.5"]["status"] == "failed" and by_id["1.5"]["points"] == 0

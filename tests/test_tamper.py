@@ -85,14 +85,17 @@ def test_a_cell_with_a_magic_is_read_without_it_and_broken_code_raises_no_flag()
     assert [(f["cell"], f["line"], f["what"]) for f in flags] == [(1, 2, "answer key")]
 
 
-def forged_copy(tmp_path, body) -> Path:
-    """Lesson 1 with each exercise cell's source replaced by body(exercise id)."""
+def forged_copy(tmp_path, body, name: str = "forged") -> Path:
+    """Lesson 1's exercise cells and the import they need (the rest of the lesson plays no part
+    here), each exercise cell's source replaced by body(exercise id); body None keeps them."""
     nb = nbformat.read(LESSON_1, 4)
-    for cell in nb.cells:
+    nb.cells = [c for c in nb.cells if c.cell_type == "code" and (
+        exercise_id(c) or "mplab.exercises import" in c.source)]
+    for cell in nb.cells if body is not None else []:
         xid = exercise_id(cell) if cell.cell_type == "code" else None
         if xid:
             cell.source = body(xid)
-    path = tmp_path / "forged.ipynb"
+    path = tmp_path / f"{name}.ipynb"
     nbformat.write(nb, path)
     return path
 
