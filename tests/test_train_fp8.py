@@ -49,14 +49,17 @@ def test_torchao_recipes_train_float8_linears_with_their_config(recipe):
     assert setup.emulated and setup.precision == "fp8" and recipe in setup.label
 
 
+def assert_wraps_the_fp8_layers(setup, recipe: str):
+    wrapped = [m for m in setup.model.modules() if isinstance(m, qdq.QDQLinear)]
+    assert len(wrapped) == 13 and fp32_linears(setup.model) == ["classifier"]
+    assert all(m.recipe == qdq.QDQ_RECIPES[recipe] for m in wrapped)
+    # the parameters are the model's own (the optimizer steps them), none left on meta
+    assert not any(p.is_meta for p in setup.model.parameters())
+
+
 def test_mplab_recipes_wrap_the_same_layers():
-    for recipe in ("mplab", "e4m3_unscaled", "bf16"):
-        setup = fp8.fp8_model(recipe, device="cpu")
-        wrapped = [m for m in setup.model.modules() if isinstance(m, qdq.QDQLinear)]
-        assert len(wrapped) == 13 and fp32_linears(setup.model) == ["classifier"]
-        assert all(m.recipe == qdq.QDQ_RECIPES[recipe] for m in wrapped)
-        # the parameters are the model's own (the optimizer steps them), none left on meta
-        assert not any(p.is_meta for p in setup.model.parameters())
+    for recipe in ("mplab", "e4m3_unscaled"):
+        assert_wraps_the_fp8_layers(fp8.fp8_model(recipe, device="cpu"), recipe)
 
 
 def linear_and_input(seed=0):
@@ -162,17 +165,19 @@ def test_the_records_say_what_ran(runs):
 
 
 def test_the_healthy_recipes_track_bf16_and_the_broken_one_does_not(runs):
-    """The gap is the mean loss over every step against bf16's (`mean_loss_gap`): a tail
-    alone is noise (the batches' own losses range from 0.01 to 0.8, and last-10 gaps of
-    healthy recipes reach 93 % over seeds 0-3). Over seeds 0-3 the healthy gaps stay within
-    17 % (fp32's within 8 %), the broken one's is 46-98 %: fp8.TRACKS, 25 %, lies between.
-    The broken run falls behind at once: over steps 6-15 its loss is 0.34-0.42 above bf16's,
-    the healthy ones' within 0.03."""
+    """The gap is the mean loss over the first half of the steps against bf16's
+    (`mean_loss_gap`): a tail alone is noise (the batches' own losses range from 0.01 to 0.8,
+    and last-10 gaps of healthy recipes reach 93 % over seeds 0-3), and later steps drift by
+    rounding alone. Over seeds 0-3, against bf16 through autocast (bf16 units) and emulated,
+    the healthy gaps stay within -8 % to +19 % (fp32's within 6 %), the broken one's is
+    +79 % to +130 %: fp8.TRACKS, 40 %, lies between, on every kind of machine. The broken run
+    falls behind at once: over steps 6-15 its loss is 0.34-0.42 above bf16's, the healthy
+    ones' within 0.03."""
     base = runs["bf16"]
     gaps = {n: fp8.mean_loss_gap(r, base) for n, r in runs.items()}
     for name in ("fp32",) + HEALTHY_FP8:
         assert abs(gaps[name]) <= fp8.TRACKS, gaps
-    assert gaps[fp8.BROKEN] > fp8.TRACKS + 0.15, gaps  # seed 0: +54 %
+    assert gaps[fp8.BROKEN] > fp8.TRACKS + 0.3, gaps  # seed 0: +79 % to +109 %
 
     def early(name):
         return statistics.mean(runs[name].losses[5:15]) - statistics.mean(base.losses[5:15])
@@ -230,11 +235,12 @@ def test_the_table_and_its_note(runs):
     table = fp8.fp8_table(runs)
     assert table.column("recipe") == list(fp8.RECIPES)
     row = {r["recipe"]: r for r in table}
-    assert row["bf16"]["vs bf16, last 10"] == "+0.0%" == row["bf16"]["mean loss vs bf16"]
+    gap_column = f"mean loss vs bf16, first {fp8.STEPS // 2}"
+    assert row["bf16"]["vs bf16, last 10"] == "+0.0%" == row["bf16"][gap_column]
     assert row["mplab"]["loss, last 10"] == pytest.approx(statistics.mean(
         runs["mplab"].losses[-10:]), abs=5e-5)
     gap = fp8.mean_loss_gap(runs[fp8.BROKEN], runs["bf16"])
-    assert row[fp8.BROKEN]["mean loss vs bf16"] == f"{gap:+.1%}"
+    assert row[fp8.BROKEN][gap_column] == f"{gap:+.1%}"
     assert all(r["steps"] == fp8.STEPS and r["ms per step"] > 0 for r in table)
     assert row["fp32"]["output grads flushed"] == "-"
     assert row[fp8.BROKEN]["output grads flushed"].endswith("%")
@@ -280,13 +286,29 @@ def test_bad_input_says_what_is_accepted():
         "fp8", "fp8", "cpu", "m")))
 
 
+def test_the_gap_is_the_first_half_of_the_steps_both_trained():
+    """A recipe that learns later is above the baseline early; what happens after the first
+    half (drift, or catching up) does not count."""
+    def run(losses):
+        return TrainResult("fp8", "fp8", "cpu", "m", losses=losses)
+
+    base = run([1.0, 0.8, 0.5, 0.5])
+    assert fp8.mean_loss_gap(run([1.5, 1.2, 0.5, 0.1]), base) == pytest.approx(0.5)
+    assert fp8.mean_loss_gap(run([1.0, 0.8, 9.0]), base) == 0.0  # the first 2 of the 3 shared
+    assert fp8.mean_loss_gap(run([0.9]), base) == pytest.approx(-0.1)  # 1 step: itself
+
+
 def test_the_bf16_baseline_is_real_autocast_where_the_machine_has_units(machine):
     """Depends on the CPU's units (the `machine` fixture runs it as each kind): with bf16
     units the baseline is torch.autocast's bf16, without them bf16-rounded operands in fp32,
     and the label says which."""
     run = fp8.fp8_run("bf16", steps=2, batch_size=8)
     assert len(run.losses) == 2 and all(math.isfinite(x) for x in run.losses)
+    setup = fp8.fp8_model("bf16")
     if machine.cpu_bf16 or machine.device == "cuda":
         assert run.compute_dtype == torch.bfloat16 and "emulated" not in run.config["label"]
-    else:
+        assert setup.autocast._enabled and setup.autocast.fast_dtype == torch.bfloat16
+        assert not any(isinstance(m, qdq.QDQLinear) for m in setup.model.modules())
+    else:  # the fp8 recipes' layers, each rounding its operands to bf16
         assert run.compute_dtype == torch.float32 and "emulated" in run.config["label"]
+        assert_wraps_the_fp8_layers(setup, "bf16")

@@ -280,12 +280,18 @@ def _median_share(values) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _first_half(run: TrainResult, baseline: TrainResult) -> int:
+    return (min(len(run.losses), len(baseline.losses)) + 1) // 2
+
+
 def mean_loss_gap(run: TrainResult, baseline: TrainResult) -> float:
-    """How much higher `run`'s mean loss is than `baseline`'s over the steps both trained,
-    relative (+0.05: 5 % higher). Over every step, not the last few: the runs see the same
-    batches, whose losses range from 0.01 to 0.8, so a short tail's mean is mostly which
-    batches it holds, while a recipe that learns slower stays above over the whole run."""
-    k = min(len(run.losses), len(baseline.losses))
+    """How much higher `run`'s mean loss is than `baseline`'s over the first half of the steps
+    both trained, relative (+0.05: 5 % higher). The runs see the same batches, whose losses
+    range from 0.01 to 0.8, so a short tail's mean is mostly which batches it holds; the
+    first half is where a recipe that learns slower falls behind, while later the runs drift
+    apart by rounding alone (bf16's own run, autocast or emulated, moves the whole-run mean by
+    up to 15 %) and a slow recipe whose fp32 layers learn on their own catches up."""
+    k = _first_half(run, baseline)
     ours, theirs = _tail(run.losses[:k], k), _tail(baseline.losses[:k], k)
     return (ours - theirs) / theirs if k and theirs else math.nan
 
@@ -304,10 +310,10 @@ def _names(names: list[str]) -> str:
 
 def fp8_table(runs: dict[str, TrainResult], baseline: str = "bf16", last: int = 10) -> Table:
     """The runs side by side: the loss at the end (the mean of the `last` steps) and against
-    `baseline`'s there, the mean loss over every step against the baseline's
-    (`mean_loss_gap`, what says whether a recipe tracks it), the steps, the steady time per
-    step, for mplab's recipes the share of output-gradient values a typical step's casts
-    flushed to 0, and the share of gradient entries (embeddings left out) that were exactly 0
+    `baseline`'s there, the mean loss over the first half of the steps against the
+    baseline's (`mean_loss_gap`, what says whether a recipe tracks it), the steps, the steady
+    time per step, for mplab's recipes the share of output-gradient values a typical step's
+    casts flushed to 0, and the share of gradient entries (embeddings left out) that were exactly 0
     when the optimizer stepped. The note says what the numbers show."""
     runs = _checked_runs(runs)
     if baseline not in runs:
@@ -321,7 +327,8 @@ def fp8_table(runs: dict[str, TrainResult], baseline: str = "bf16", last: int = 
         rows.append({"recipe": name, "what ran": r.config.get("label", name),
                      f"loss, last {last}": round(_tail(r.losses, last), 4),
                      f"vs {baseline}, last {last}": f"{r.versus(base, last)['loss_change']:+.1%}",
-                     f"mean loss vs {baseline}": f"{mean_loss_gap(r, base):+.1%}",
+                     f"mean loss vs {baseline}, first {_first_half(r, base)}":
+                         f"{mean_loss_gap(r, base):+.1%}",
                      "steps": len(r.losses),
                      "ms per step": round(step * 1e3, 1) if step is not None else math.nan,
                      "output grads flushed": "-" if flushed is None else f"{flushed:.1%}",
@@ -331,9 +338,11 @@ def fp8_table(runs: dict[str, TrainResult], baseline: str = "bf16", last: int = 
 
 
 #: How far a recipe's mean loss (`mean_loss_gap`) may lie from bf16's and still track it.
-#: Measured over seeds 0-3 (40 steps of 32): the healthy fp8 recipes within 17 % of bf16
-#: (fp32 itself within 8 %: rounding alone sends runs apart), e4m3_unscaled 46 % to 98 % above.
-TRACKS = 0.25
+#: Measured over seeds 0-3 (40 steps of 32, first 20), against bf16 both through autocast
+#: (bf16 units, one and two threads) and emulated: the healthy fp8 recipes -8 % to +19 %,
+#: fp32 -6 % to +1 %, e4m3_unscaled +79 % to +130 %. (Over all 40 steps the broken one's gap
+#: fell to +24 % against one autocast run, as bf16's own later steps drifted.)
+TRACKS = 0.4
 
 
 def _note(runs: dict[str, TrainResult], baseline: str) -> str:
@@ -345,21 +354,22 @@ def _note(runs: dict[str, TrainResult], baseline: str) -> str:
         worst = max(track, key=lambda n: abs(gaps[n]))
         chance = (f"; fp32's, from rounding alone: {mean_loss_gap(runs['fp32'], base):+.1%}"
                   if "fp32" in runs and baseline != "fp32" else "")
-        lines.append(f"{_names(track)} track {baseline}: mean loss over the "
-                     f"{len(base.losses)} steps within {abs(gaps[worst]):.0%} of its "
+        lines.append(f"{_names(track)} track {baseline}: mean loss over the first "
+                     f"{_first_half(runs[worst], base)} steps within {abs(gaps[worst]):.0%} of its "
                      f"(largest gap: {worst}, {gaps[worst]:+.0%}{chance}).")
     for n in others:
         if n in track:
             continue
         flushed = _median_share(runs[n].config.get("fp8", {}).get("grad_flushed", []))
-        why = (f": its casts flushed {flushed:.0%} of the output gradients' nonzero values to 0 "
+        why = (f": its casts flushed {flushed:.1%} of the output gradients' nonzero values to 0 "
                "in a median step" if flushed is not None else "")
         end = runs[n].versus(base)["loss_change"]
-        late = (f". Over the last 10 steps it is {end:+.0%}: the layers left in fp32 (the "
-                "classifier) learn on their own, on an encoder that came pretrained"
-                if abs(end) <= TRACKS else "")
-        lines.append(f"{n} does not: its mean loss is {gaps[n]:+.0%} against {baseline}'s, as "
-                     f"it learned later{why}{late} (mplab.diagnose says why).")
+        late = (f". Over the last 10 steps it is {end:+.0%}: it catches up, as the layers left "
+                "in fp32 (the classifier) learn on their own, on an encoder that came pretrained"
+                if abs(end) < abs(gaps[n]) / 2 else "")
+        lines.append(f"{n} does not: its mean loss over the first {_first_half(runs[n], base)} "
+                     f"steps is {gaps[n]:+.0%} against {baseline}'s, as it learned later{why}"
+                     f"{late} (mplab.diagnose says why).")
     same = [(a, b) for i, a in enumerate(runs) for b in list(runs)[i + 1:]
             if runs[a].losses and runs[a].losses == runs[b].losses]
     lines += [f"{a} and {b}: the same losses, bit for bit." for a, b in same]
