@@ -147,7 +147,7 @@ def fp8_model(recipe: str = "mplab", *, seed: int = 0, device: str = "auto") -> 
     if recipe == "bf16":
         if _bf16_units(device):
             return RecipeModel(model, torch.autocast(device.type, dtype=torch.bfloat16),
-                               "bf16 (torch.autocast)", "bf16")
+                               "bf16 (torch.autocast, real bf16 matmuls)", "bf16")
         why = "no bf16 units" if device.type == "cpu" else "no bf16 on this GPU"
         return RecipeModel(convert_to_qdq(model, QDQ_RECIPES["bf16"]), off,
                            f"bf16 (emulated, {why}: Linear operands rounded)", "bf16",
@@ -355,8 +355,8 @@ def _note(runs: dict[str, TrainResult], baseline: str) -> str:
         chance = (f"; fp32's, from rounding alone: {mean_loss_gap(runs['fp32'], base):+.1%}"
                   if "fp32" in runs and baseline != "fp32" else "")
         lines.append(f"{_names(track)} track {baseline}: mean loss over the first "
-                     f"{_first_half(runs[worst], base)} steps within {abs(gaps[worst]):.0%} of its "
-                     f"(largest gap: {worst}, {gaps[worst]:+.0%}{chance}).")
+                     f"{_first_half(runs[worst], base)} steps within {abs(gaps[worst]):.1%} of "
+                     f"{baseline}'s (largest gap: {worst}, {gaps[worst]:+.1%}{chance}).")
     for n in others:
         if n in track:
             continue
@@ -364,8 +364,9 @@ def _note(runs: dict[str, TrainResult], baseline: str) -> str:
         why = (f": its casts flushed {flushed:.1%} of the output gradients' nonzero values to 0 "
                "in a median step" if flushed is not None else "")
         end = runs[n].versus(base)["loss_change"]
-        late = (f". Over the last 10 steps it is {end:+.0%}: it catches up, as the layers left "
-                "in fp32 (the classifier) learn on their own, on an encoder that came pretrained"
+        late = (f". Over the last 10 steps it is {end:+.0%}: it caught up, as the layers left "
+                "in fp32 (the classifier) learn on their own, on an encoder that came "
+                "pretrained, and by then every run's loss moves with its batches"
                 if abs(end) < abs(gaps[n]) / 2 else "")
         lines.append(f"{n} does not: its mean loss over the first {_first_half(runs[n], base)} "
                      f"steps is {gaps[n]:+.0%} against {baseline}'s, as it learned later{why}"
