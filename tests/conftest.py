@@ -126,6 +126,28 @@ def failed_saying(result, *words, hiding=()):
     return result.message
 
 
+@pytest.fixture
+def graded_apart(tmp_path, monkeypatch):
+    """grade(xid, answer): the answer checked as a grading kernel checks it (logging its record:
+    the value, or the record of a function's calls), and that record checked again by the
+    grader, here, as from another process: (the kernel's Result, the grader's Result)."""
+    import json
+
+    def grade(xid: str, answer):
+        log = tmp_path / f"grade-{xid}.jsonl"
+        monkeypatch.setenv("MPLAB_GRADE_LOG", str(log))
+        monkeypatch.setenv("MPLAB_GRADING", "1")
+        lesson = lesson_of(xid)
+        kernel = lesson.check(xid, answer)
+        monkeypatch.delenv("MPLAB_GRADE_LOG")
+        record = json.loads(log.read_text().splitlines()[-1])
+        function = "function" in record
+        data = json.loads(json.dumps(record["function" if function else "answer"]))
+        return kernel, lesson.LESSON.regrade(xid, data, function=function)
+
+    return grade
+
+
 #: The shared run's length: 400 steps (about 3 epochs) reach 0.86 accuracy, 300 only 0.78.
 COURSE_STEPS = 400
 

@@ -67,12 +67,12 @@ def test_the_reference_cell_passes_with_full_points_and_says_which_checks_ran(xi
                               "Passed: public and hidden checks.")
 
 
-FUNCTION_IDS = [x for x in IDS if exercise(x).takes_function and not exercise(x).kernel_reason]
+FUNCTION_IDS = [x for x in IDS if exercise(x).takes_function]
 
 
 @pytest.mark.slow
 def test_function_answers_recorded_in_another_process_replay_to_full_marks(tmp_path):
-    """The key of every function exercise the grader decides, run in a fresh Python process
+    """The key of every function exercise, run in a fresh Python process
     as a grading kernel runs it (log, grading and a seed set), replays here, where torch may
     use another number of threads, to full marks: the record is all the grader needs."""
     import os
@@ -81,7 +81,8 @@ def test_function_answers_recorded_in_another_process_replay_to_full_marks(tmp_p
 
     log = tmp_path / "grade.jsonl"
     script = "\n".join(
-        ["import math, torch"] + [
+        ["import math, torch",
+         "from transformers import TrainingArguments  # lesson 6's setup imports it"] + [
             f"from mplab.exercises import lesson{x.split('.')[0]} as ex\n"
             f"exec({exercise(x).solution_code!r})" for x in FUNCTION_IDS])
     env = {**os.environ, "MPLAB_GRADE_LOG": str(log), "MPLAB_GRADING": "1",
@@ -100,14 +101,10 @@ def test_function_answers_recorded_in_another_process_replay_to_full_marks(tmp_p
 @pytest.mark.parametrize("xid", IDS)
 def test_the_grader_checks_the_key_again_from_the_data_the_kernel_logs(xid, tmp_path,
                                                                        monkeypatch):
-    """Each exercise the grader decides: the key's answer, packed into the log record as the
-    kernel writes it (a function answer: the record of its calls), read back in this process
-    and checked here, on the run's hidden inputs, passes with full points; an exercise left to
-    the kernel says why in its definition."""
+    """Every exercise: the key's answer, packed into the log record as the kernel writes it (a
+    function answer: the record of its calls), read back in this process and checked here, on
+    the run's hidden inputs, passes with full points."""
     ex = exercise(xid)
-    if ex.kernel_reason:
-        assert ex.in_kernel, xid
-        return
     log = tmp_path / "grade.jsonl"
     monkeypatch.setenv("MPLAB_GRADE_LOG", str(log))
     monkeypatch.setenv("MPLAB_GRADING", "1")

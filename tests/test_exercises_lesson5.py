@@ -12,10 +12,12 @@ import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import nbformat  # noqa: E402
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from conftest import failed_saying, run_cell  # noqa: E402
 
 from mplab.audit import Observer, audit  # noqa: E402
+from mplab.exercises import HIDDEN_FAILED  # noqa: E402
 from mplab.exercises import lesson5 as ex  # noqa: E402
 from mplab.lessons import lesson_batch  # noqa: E402
 from mplab.models import lesson_model  # noqa: E402
@@ -170,6 +172,41 @@ def test_5_1_runs_leave_accelerates_state_fresh_for_the_notebook():
     ex.check("5.1", loop())
     with fresh_accelerate():  # a notebook's next Accelerator may ask for another precision
         assert Accelerator(mixed_precision="no", cpu=True).mixed_precision == "no"
+
+
+def _three_batches_only(accelerator, model, optimizer, dataloader):
+    model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+    for batch in list(dataloader)[:3]:
+        accelerator.backward(model(**batch).loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+LOOPS = {"the course's": dict(), "nothing prepared": dict(prepare=""),
+         "the model not prepared": dict(prepare="optimizer, dataloader"),
+         "loss.backward()": dict(backward="loss.backward()"),
+         "no zero_grad": dict(zero_grad=False), "no step": dict(step=False),
+         "two backwards": dict(extra="accelerator.backward(model(**batch).loss)"),
+         "a scaler kept": dict(backward="scaler.scale(loss).backward()")}
+
+
+@pytest.mark.parametrize("name", [*LOOPS, "three batches only"])
+def test_5_1_the_grader_decides_from_the_record_of_the_loop(name, graded_apart):
+    """The kernel's record keeps what the loop handed Accelerate (notes its watched prepare
+    and backward make) and the weights it left; the grader replays that into its own run,
+    hidden one included, and compares with the course's loop run there: the kernel's verdict,
+    and on the hidden run's weights drawn for each grading, the grader's own."""
+    learner = loop(**LOOPS[name]) if name in LOOPS else _three_batches_only
+    kernel, grader = graded_apart("5.1", learner)
+    if name == "three batches only":  # the kernel ran the hidden run; the grader judged it
+        assert kernel.passed and grader.status == "failed"
+        assert grader.message.startswith(HIDDEN_FAILED) and 'mixed_precision="no"' in \
+            grader.message
+    else:
+        assert (grader.status, grader.points) == (kernel.status, kernel.points)
+        assert grader.passed == (name == "the course's")
+        if not grader.passed:  # a pass says which checks ran: the grader ran the hidden one
+            assert grader.message == kernel.message
 
 
 # --- 5.2 --------------------------------------------------------------------------------------

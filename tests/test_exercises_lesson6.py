@@ -240,3 +240,61 @@ def test_6_4_feedback_for_the_likely_mistakes():
     failed_saying(ex.check("6.4", forgot_return), "returned none")
     failed_saying(ex.check("6.4", lambda model: "fp32"), "must return a torch model")
     assert ex.check("6.4", lambda model: 1 / 0).status == "error"
+
+
+# --- the grader decides 6.1 and 6.4 from what the function returned ---------------------------
+
+def _arguments(**kwargs):
+    from transformers import TrainingArguments
+
+    return lambda output_dir: TrainingArguments(**{"output_dir": output_dir, **kwargs})
+
+
+def _head_only(model):
+    model.classifier.float()
+    return model
+
+
+def _forgot_return(model):
+    model.float()
+
+
+def _a_copy(model):
+    import copy
+
+    return copy.deepcopy(model).float()
+
+
+GRADED_APART = {
+    "6.1 today's name": ("6.1", _arguments(eval_strategy="epoch", fp16=True)),
+    "6.1 the course's name": ("6.1", _arguments(evaluation_strategy="epoch", fp16=True)),
+    "6.1 no fp16": ("6.1", _arguments(eval_strategy="epoch")),
+    "6.1 another folder": ("6.1", lambda output_dir: _arguments(
+        eval_strategy="epoch", fp16=True)("out")),
+    "6.1 no_cuda": ("6.1", _arguments(eval_strategy="epoch", fp16=True, no_cuda=True)),
+    "6.1 bf16 and fp16": ("6.1", _arguments(eval_strategy="epoch", fp16=True, bf16=True)),
+    "6.1 text": ("6.1", lambda output_dir: "TrainingArguments(...)"),
+    "6.4 float": ("6.4", lambda model: model.float()),
+    "6.4 a fixed copy": ("6.4", _a_copy),
+    "6.4 as loaded": ("6.4", lambda model: model),
+    "6.4 half": ("6.4", lambda model: model.half()),
+    "6.4 double": ("6.4", lambda model: model.double()),
+    "6.4 a new model": ("6.4", lambda model: models.lesson_model(seed=1)),
+    "6.4 the head only": ("6.4", _head_only),
+    "6.4 no return": ("6.4", _forgot_return),
+    "6.4 text": ("6.4", lambda model: "fp32"),
+    "6.4 raises": ("6.4", lambda model: 1 / 0),
+}
+
+
+@pytest.mark.parametrize("name", GRADED_APART)
+def test_the_grader_gives_a_function_answer_the_kernels_verdict_from_its_record(name,
+                                                                               graded_apart):
+    """6.1 returns a TrainingArguments and 6.4 a model: the kernel's record keeps the first as
+    the arguments its constructor takes and the second as its weights (or as the argument it
+    was given), and the grader's check of that record, in its own process, says what the
+    kernel's said."""
+    kernel, grader = graded_apart(*GRADED_APART[name])
+    assert (grader.status, grader.points, grader.message) == (
+        kernel.status, kernel.points, kernel.message)
+    assert kernel.passed == name.endswith(("today's name", "float", "a fixed copy"))

@@ -66,8 +66,6 @@ def test_each_submission_gets_its_own_grade(klass):
 @pytest.mark.slow
 def test_hostile_submissions_cost_only_their_own_points(klass):
     _, by = klass
-    # every exercise of lesson 1, the function answer (1.5) too, is decided by the grader
-    assert {e["decided"] for e in by["forger"]["exercises"]} == {"grader"}
     assert by["forger"]["total"] == 0
     assert any(f["what"] == "grade log" for f in by["forger"]["flags"])
     assert any(f["what"] == "outside files" for f in by["reader"]["flags"])

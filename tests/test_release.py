@@ -87,6 +87,21 @@ EXERCISES = [Exercise(id="1.1", key="answer = 42", check=_public, hidden=_only_h
     assert "key=''" in stripped and "hidden" not in stripped.split("\n", 3)[-1]
 
 
+def test_every_lessons_key_loads_from_the_key_folder_as_the_grader_loads_it(released):
+    """The grader loads a lesson from the key folder apart from the installed mplab (a module
+    of its own name): every lesson's, dataclasses and all, with the installed one's keys and
+    hidden checks."""
+    from mplab.grade.notebook import _key_module
+
+    _, key = released
+    for path in LESSONS:
+        full = __import__(f"mplab.exercises.{path.stem}", fromlist=["EXERCISES"])
+        apart = _key_module(key, path.stem)
+        assert apart is not full and apart.__name__.endswith(path.stem)
+        assert [(e.id, e.key, e.hidden is None) for e in apart.EXERCISES.values()] == [
+            (e.id, e.key, e.hidden is None) for e in full.EXERCISES.values()], path.stem
+
+
 def test_a_release_into_a_folder_with_files_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     done = subprocess.run([sys.executable, "-m", "mplab.exercises", "release", str(tmp_path)],

@@ -111,7 +111,6 @@ def test_a_forged_log_scores_nothing_and_is_flagged(tmp_path):
         "'points': 9}) + '\\n')"))
     report = grade_notebook(path, timeout=300)
     by_id = {r["id"]: r for r in report["exercises"]}
-    assert {r["decided"] for r in by_id.values()} == {"grader"}
     assert report["total"] == 0 and all(r["status"] == "error" for r in by_id.values())
     assert all("not one mplab wrote" in r["message"] for r in by_id.values())
     code_flags = {f["exercise"] for f in report["flags"] if f["cell"] is not None}
@@ -169,7 +168,7 @@ def test_checks_replaced_in_the_kernel_do_not_decide_the_score(tmp_path):
         "    object.__setattr__(e, 'hidden', lambda *a: None)\n"
         f"ex.check('{xid}', 12345)"))
     report = grade_notebook(path, timeout=300)
-    graded = [r for r in report["exercises"] if r["decided"] == "grader"]
+    graded = report["exercises"]
     assert graded and all(r["points"] == 0 and r["status"] == "failed" for r in graded)
     said = [f["code"] for f in report["flags"] if f["cell"] is None]
     assert any("the log says" in c and "'passed'" in c for c in said)

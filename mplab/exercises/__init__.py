@@ -281,12 +281,10 @@ class Exercise:
     points: int = 1
     arg: str = "answer"
     blank: Callable[[Any], bool] | None = None
-    # why the grader cannot check this answer in its own process, if so (a check that watches
-    # live objects which are not data); a function answer is checked there on a replay of its
-    # calls (mplab.exercises.answers)
-    in_kernel: str = ""
     # A function answer's hidden check calls it on exactly these arguments, in order (drawn
     # from the run's seed): the kernel makes those calls for the grader, which judges them.
+    # An entry may be a run that calls the function itself (given it), where its arguments
+    # are live objects made for the call (an Accelerator).
     trials: Callable[[int], list[tuple]] | None = None
 
     @property
@@ -303,12 +301,6 @@ class Exercise:
     def takes_function(self) -> bool:
         """Whether the answer is a function the learner writes (the starter binds one)."""
         return callable(_starter_value(self.body, self.arg))
-
-    @property
-    def kernel_reason(self) -> str:
-        """Why this exercise's score comes from the learner's kernel; "" when the grader
-        checks the answer itself, from the data the kernel hands back."""
-        return self.in_kernel
 
     def is_blank(self, answer) -> bool:
         """Not attempted: `blank`'s verdict, or else whether the answer is still what the
@@ -363,7 +355,7 @@ class Lesson:
         """Check an answer: "passed", "failed" (and why), "not attempted" or "error"."""
         ex = self.get(id)
         record: dict = {"event": "check"}
-        if not os.environ.get(GRADE_LOG_ENV) or ex.kernel_reason:  # nothing for a grader
+        if not os.environ.get(GRADE_LOG_ENV):  # nothing for a grader
             result = self._check(ex, answer)
         elif ex.takes_function and callable(answer) and not ex.is_blank(answer):
             # the grader cannot run the learner's code: it replays what the function gave
@@ -372,7 +364,7 @@ class Lesson:
             if result.passed and ex.trials is not None:  # the hidden check's calls, unjudged
                 for args in ex.trials(grade_seed()):
                     with contextlib.suppress(Exception):  # recorded; the grader judges it
-                        recording(*copied(args))
+                        args(recording) if callable(args) else recording(*copied(args))
             record["function"] = recording.data()
         else:  # the grader checks the answer again, itself; a blank needs no checking
             result = self._check(ex, answer)
@@ -390,9 +382,11 @@ class Lesson:
         ex = self.get(id)
         if not function and isinstance(data, dict) and data.get("blank") is True:
             return Result(ex.id, "not attempted", 0, ex.points, "Not attempted.")
-        answer = Replay(unpack_answer(data)) if function else unpack_answer(data)
         settings = {GRADING_ENV: "1", SEED_ENV: None if seed is None else str(seed)}
         with _REGRADING:  # a class grades in threads: one sets and restores the variables
+            # read back here too: an answer may be built again (a TrainingArguments), and
+            # building one sets up accelerate's state, which is one per process
+            answer = Replay(unpack_answer(data)) if function else unpack_answer(data)
             saved = {name: os.environ.get(name) for name in settings}
             _set_environment(settings)
             try:

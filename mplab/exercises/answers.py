@@ -30,8 +30,10 @@ MAX_ANSWER_BYTES = 1 << 22
 #: The grader draws a seed per run; hidden inputs come from it, in the kernel and the grader.
 SEED_ENV = "MPLAB_GRADE_SEED"
 _TAG = "__mplab_answer__"
-#: Dataclasses an answer may be (their fields travel, and the grader builds them again).
-_DATACLASSES = {"MixedPrecisionPolicy": "torch.distributed.fsdp"}
+#: Dataclasses an answer may be (the fields their constructor takes travel, and the grader
+#: builds them again).
+_DATACLASSES = {"MixedPrecisionPolicy": "torch.distributed.fsdp",
+                "TrainingArguments": "transformers"}
 
 
 def grade_seed(default: int = 0) -> int:
@@ -76,10 +78,11 @@ def _plain(value):
 
         return value.item() if getattr(value, "ndim", 1) == 0 else torch.from_numpy(value)
     name = _known_dataclass(value)
-    if name is not None:
+    if name is not None:  # to_dict() where there is one: TrainingArguments' enums as values
+        values = value.to_dict() if hasattr(value, "to_dict") else vars(value)
         return {_TAG: "dataclass", "name": name,
-                "fields": {f.name: _plain(getattr(value, f.name))
-                           for f in dataclasses.fields(value)}}
+                "fields": {f.name: _plain(values[f.name]) for f in dataclasses.fields(value)
+                           if f.init and f.name in values}}
     return value
 
 
@@ -260,7 +263,7 @@ def _restore(arg, state) -> None:
     import torch
 
     if isinstance(state, dict) and isinstance(arg, torch.nn.Module) and "module" in state:
-        arg.load_state_dict(state["module"], strict=True)
+        _load_module(arg, state["module"])
         return
     if isinstance(state, dict) and isinstance(arg, torch.amp.GradScaler) and "scaler" in state:
         for name in _SCALER_STATE:
@@ -276,6 +279,51 @@ def _restore(arg, state) -> None:
     with torch.no_grad():
         for t, s in zip(targets, states):
             t.copy_(s)
+
+
+def _load_module(module, state: dict) -> None:
+    """Write a recorded state_dict into `module`: in place where the dtypes are the same (an
+    optimizer keeps its parameters), and as the recorded tensors where a call changed them
+    (``model.float()`` changes every weight's dtype)."""
+    own = module.state_dict()
+    same = all(k in own and own[k].dtype == v.dtype for k, v in state.items())
+    module.load_state_dict(state, strict=True, assign=not same)
+
+
+def _returned(value, args: tuple):
+    """What a call returned, as data: a model as the argument it is (its changes are recorded
+    with the argument's) or as its state_dict, else the value itself, detached."""
+    import torch
+
+    if isinstance(value, torch.nn.Module):
+        given = [i for i, a in enumerate(args) if a is value]
+        if given:
+            return {_TAG: "module", "arg": given[0]}
+        return {_TAG: "module", "state": _snapshot(value)["module"]}
+    return _detached(value)
+
+
+def _rebuilt(returned: dict, args: tuple):
+    """The model a call returned, in the grader: the argument it was, or a copy of the model
+    it was given holding the recorded weights (a model of another shape cannot be read)."""
+    import copy
+
+    import torch
+
+    if "arg" in returned:
+        try:
+            return args[int(returned["arg"])]
+        except (IndexError, TypeError, ValueError):
+            raise RecordIncomplete("the record returns an argument it was not given") from None
+    given = [a for a in args if isinstance(a, torch.nn.Module)]
+    if not given or not isinstance(returned.get("state"), dict):
+        return Unreadable("model")
+    model = copy.deepcopy(given[0])
+    try:
+        _load_module(model, returned["state"])
+    except (KeyError, RuntimeError, TypeError, ValueError):
+        return Unreadable("model with other weights than the one it was given")
+    return model
 
 
 class Recording:
@@ -304,7 +352,7 @@ class Recording:
             new = _snapshot(arg) if old is not None else None
             if new is not None and not _same(new, old):
                 changed[i] = new
-        self.calls.append({"returned": _detached(value), "changed": changed,
+        self.calls.append({"returned": _returned(value, args), "changed": changed,
                            "notes": list(seen)})
         return value
 
@@ -384,4 +432,7 @@ class Replay:
             except (IndexError, KeyError, RuntimeError, TypeError, ValueError):
                 raise RecordIncomplete("the record changes an argument it was not given"
                                        ) from None
-        return call.get("returned")
+        returned = call.get("returned")
+        if isinstance(returned, dict) and returned.get(_TAG) == "module":
+            return _rebuilt(returned, args)
+        return returned

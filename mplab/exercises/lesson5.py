@@ -26,9 +26,11 @@ from mplab.exercises import (
     Lesson,
     call,
     choice_list,
+    grade_seed,
     multiple_choice,
     python_block,
 )
+from mplab.exercises.answers import note, watching
 from mplab.hardware import has_units
 from mplab.lessons import lesson_batch
 from mplab.models import lesson_model
@@ -80,16 +82,15 @@ def _initial_weights(seed: int) -> tuple[torch.Tensor, ...]:
 class LoopRun:
     """One run of a training loop `fn(accelerator, model, optimizer, dataloader)` with a real
     Accelerator on the CPU, the lesson model (AdamW) and `batches` batches of `batch_size`
-    lesson reviews; what the loop handed Accelerate is recorded on the way."""
+    lesson reviews; what the loop handed Accelerate is noted on the way (mplab.exercises.note:
+    a grader's replay of the loop makes the same notes, and writes back its weights)."""
 
     def __init__(self, fn, mixed_precision: str = "bf16", batches: int = 3,
                  batch_size: int = 8, seed: int = 0):
         from accelerate import Accelerator
         from torch.utils.data import DataLoader
 
-        self.prepared: list[str] = []  # "model", "optimizer", "dataloader", in call order
-        self.backward_calls = 0
-        with fresh_accelerate():
+        with fresh_accelerate(), watching() as seen:
             accelerator = Accelerator(mixed_precision=mixed_precision, cpu=True)
             model = lesson_model(seed=seed)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -98,15 +99,19 @@ class LoopRun:
             prepare, backward = accelerator.prepare, accelerator.backward
 
             def watched_prepare(*args, **kwargs):
-                self.prepared += [names.get(id(a), type(a).__name__) for a in args]
+                for a in args:
+                    note("prepare " + names.get(id(a), type(a).__name__))
                 return prepare(*args, **kwargs)
 
             def watched_backward(loss, **kwargs):
-                self.backward_calls += 1
+                note("backward")
                 return backward(loss, **kwargs)
 
             accelerator.prepare, accelerator.backward = watched_prepare, watched_backward
-            self.returned = fn(accelerator, model, optimizer, dataloader)
+            fn(accelerator, model, optimizer, dataloader)
+        # "model", "optimizer", "dataloader", in call order
+        self.prepared = [e.removeprefix("prepare ") for e in seen if e.startswith("prepare ")]
+        self.backward_calls = seen.count("backward")
         self.weights = [p.detach().clone() for p in model.parameters()]
         self.initial = _initial_weights(seed)
 
@@ -177,10 +182,19 @@ def _check_5_1(fn) -> str | None:
     return _loop_feedback(fn)
 
 
+def _hidden_settings_5_1(seed: int) -> dict:
+    """The hidden run's: fp32 ("no"), 4 batches of 4, weights drawn from the run's seed."""
+    return {"mixed_precision": "no", "batches": 4, "batch_size": 4, "seed": 1 + seed}
+
+
+def _trials_5_1(seed: int) -> list:
+    """The hidden run, given the learner's loop (the kernel runs it for the grader)."""
+    return [functools.partial(LoopRun, **_hidden_settings_5_1(seed))]
+
+
 def _hidden_5_1(fn) -> str | None:
     """The same loop in fp32 ("no"), on other weights and 4 batches of 4."""
-    settings = {"mixed_precision": "no", "batches": 4, "batch_size": 4, "seed": 1}
-    why = _loop_feedback(fn, **settings)
+    why = _loop_feedback(fn, **_hidden_settings_5_1(grade_seed()))
     if why is not None:
         return ("With mixed_precision=\"no\", other weights and 4 batches of 4: " + why)
     return None
@@ -427,10 +441,7 @@ EXERCISES = {e.id: e for e in [
              "    ...  # prepare, then loop (it returns nothing)",
         key=_REFERENCE_LOOP,
         arg='train_loop',
-        check=_check_5_1, hidden=_hidden_5_1,
-        in_kernel=("its check watches the learner's loop drive an Accelerator (what it "
-                   "prepares, whose backward runs) and reads the weights after: that is not "
-                   "data the grader can replay"),
+        check=_check_5_1, hidden=_hidden_5_1, trials=_trials_5_1,
         hints=(
             "Everything mixed precision did in the torch loop moves into Accelerate: the "
             "autocast, the scaler and its calls go; what is left is a plain fp32-looking loop "

@@ -124,7 +124,10 @@ COURSE_LINE = ('TrainingArguments(output_dir=output_dir, evaluation_strategy="ep
 def _check_6_1(fn) -> str | None:
     from transformers import TrainingArguments
 
-    with tempfile.TemporaryDirectory(prefix="mplab-6.1-") as folder, fresh_accelerate():
+    # A folder name, not made: the same in the kernel and in the grader, which replays the
+    # arguments the function returned (TrainingArguments makes no folder)
+    folder = "mplab-6.1-output"
+    with fresh_accelerate():
         try:
             args = fn(folder)
         except TypeError as err:
@@ -380,8 +383,6 @@ EXERCISES = {e.id: e for e in [
             "fp16=True)",
         arg='course_arguments',
         check=_check_6_1,
-        in_kernel=("its answer builds a TrainingArguments: the check reads what "
-                   "transformers refuses, and why, where the function runs"),
         hints=(
             "Libraries rename arguments between versions: the error names the old one, and "
             "the installed TrainingArguments lists the names it takes today.",
@@ -468,7 +469,6 @@ EXERCISES = {e.id: e for e in [
             "    return model.float()  # before the optimizer (or Trainer) is built",
         arg='fix',
         check=_check_6_4,
-        in_kernel="its answer returns a whole model, which the check audits where it runs",
         hints=(
             "Mixed precision needs the weights themselves in fp32 (the master copy); autocast "
             "makes the 16-bit copies for the matmuls on the fly.",

@@ -5,7 +5,9 @@
 The notebook runs cell by cell in a fresh "python3" kernel, from its own folder, with
 MPLAB_GRADING=1 (hidden checks on) and MPLAB_GRADE_LOG=<file> (each ex.check / hint / solution
 appends a JSON line). The grader reads the new lines after every cell, so each result belongs to
-the cell that produced it, and the last word on an exercise counts.
+the cell that produced it, and the last word on an exercise counts. A line is evidence, never
+the score: the grader checks the answer it carries again, in its own process (a value, or the
+record of a function's calls, replayed: :mod:`mplab.exercises.answers`), hidden checks on.
 
 A learner's mistake costs that exercise's points, never the report:
 
@@ -64,7 +66,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 import mplab
 import mplab.exercises as exercises
 from mplab._display import Table
-from mplab.exercises import CELL_METADATA_KEY, GRADE_LOG_ENV, GRADING_ENV, SEED_ENV, STATUSES
+from mplab.exercises import CELL_METADATA_KEY, GRADE_LOG_ENV, GRADING_ENV, SEED_ENV
 from mplab.grade.tamper import tamper_flags
 
 __all__ = ["grade_notebook", "GradingError", "exercise_id", "parser", "run",
@@ -114,7 +116,12 @@ def _key_module(folder, name: str):
                 raise GradingError(f"the key folder {folder} has no {name}.py")
             spec = importlib.util.spec_from_file_location(f"mplab_key_{len(_KEYS)}_{name}", path)
             module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            sys.modules[spec.name] = module  # a dataclass looks its module up there
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[spec.name]
+                raise
             _KEYS[path] = module
         return _KEYS[path]
 
@@ -327,7 +334,7 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
     """Run a notebook in a fresh kernel and score its exercises.
 
     Returns ``{"notebook", "lesson", "total", "max", "exercises": [{"id", "status", "points",
-    "max_points", "message", "solution_viewed", "attempts", "decided"}], "problems": [{"cell",
+    "max_points", "message", "solution_viewed", "attempts"}], "problems": [{"cell",
     "exercise", "problem"}], "flags": [{"cell", "exercise", "what", "line", "code"}],
     "with_solutions", "elapsed_s"}``; status is one of "passed",
     "failed", "not attempted", "error" (the last check's; "attempts" lists every check's, in
@@ -376,8 +383,6 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
                   "solution_viewed": False, "attempts": []}
             for xid, ex in lesson.EXERCISES.items()}
     problems = []
-    for xid, row in rows.items():
-        row["decided"] = "in-kernel" if lesson.EXERCISES[xid].kernel_reason else "grader"
     for event in run.events:  # in order: the last word on each exercise counts
         if event[0] == "log":
             record = event[1]
@@ -386,13 +391,8 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
                 continue
             if record.get("event") == "solution":
                 row["solution_viewed"] = True
-            elif record.get("event") == "check" and row["decided"] == "grader":
+            elif record.get("event") == "check":
                 _regrade(lesson, row, record, flags, seed)
-            elif record.get("event") == "check" and record.get("status") in STATUSES:
-                row["attempts"].append(record["status"])
-                points = record.get("points", 0)
-                row.update(status=record["status"], message=str(record.get("message", "")),
-                           points=min(points, row["max_points"]) if points else 0)
         else:
             _, index, problem = event
             xid = cell_exercise.get(index)
@@ -457,7 +457,6 @@ def report_table(report: dict) -> Table:
     return Table([{"exercise": r["id"], "status": r["status"],
                    "points": f"{r['points']:g}/{r['max_points']:g}",
                    "solution viewed": "yes" if r.get("solution_viewed") else "",
-                   "decided by": r.get("decided", ""),
                    "feedback": short(r.get("message", ""))} for r in report["exercises"]],
                  title=f"{report['notebook']} ({report['lesson']}"
                        + (", graded with the reference solutions)" if report["with_solutions"]
@@ -500,10 +499,6 @@ def run(args) -> int:
         print(f"mplab.grade: error: {e}", file=sys.stderr)
         return 2
     print(report_table(report))
-    in_kernel = [r["id"] for r in report["exercises"] if r["decided"] == "in-kernel"]
-    if in_kernel:
-        print("scored from the learner's kernel (its own checks, as logged): "
-              + ", ".join(in_kernel))
     graded = {r["id"] for r in report["exercises"]}
     for p in report["problems"]:  # those of exercise cells are in the table already
         if p["exercise"] not in graded:
