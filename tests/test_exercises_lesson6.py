@@ -239,6 +239,8 @@ def test_6_4_feedback_for_the_likely_mistakes():
 
     failed_saying(ex.check("6.4", forgot_return), "returned none")
     failed_saying(ex.check("6.4", lambda model: "fp32"), "must return a torch model")
+    failed_saying(ex.check("6.4", lambda model: torch.nn.Sequential(model.float())),
+                  "other weights than the one it was given")
     assert ex.check("6.4", lambda model: 1 / 0).status == "error"
 
 
@@ -283,6 +285,8 @@ GRADED_APART = {
     "6.4 the head only": ("6.4", _head_only),
     "6.4 no return": ("6.4", _forgot_return),
     "6.4 text": ("6.4", lambda model: "fp32"),
+    "6.4 another model": ("6.4", lambda model: torch.nn.Linear(2, 2)),
+    "6.4 the model wrapped": ("6.4", lambda model: torch.nn.Sequential(model.float())),
     "6.4 raises": ("6.4", lambda model: 1 / 0),
 }
 

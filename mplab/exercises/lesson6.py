@@ -321,12 +321,16 @@ def bf16_checkpoint_model() -> torch.nn.Module:
 def _check_6_4(fn) -> str | None:
     model = bf16_checkpoint_model()
     loaded = [p.detach().clone() for p in model.parameters()]
+    names = set(model.state_dict())
     fixed = call(fn, model, what="fix(model)")
     if fixed is None:
         return ("fix(model) returned None: return the model, fixed (the check audits what "
                 "it returns).")
     if not isinstance(fixed, torch.nn.Module):
         return f"fix(model) must return a torch model; it returned {type(fixed).__name__}."
+    if set(fixed.state_dict()) != names:
+        return ("fix(model) returned a model with other weights than the one it was given: "
+                "return that model, ready for mixed precision, so that what it loaded is kept.")
     dtypes = Counter()
     for p in fixed.parameters():
         dtypes[p.dtype] += p.numel()
