@@ -41,7 +41,13 @@ def test_the_cli_measures_every_precision_and_writes_json_and_a_plot(tmp_path):
     fp32 = [r for r in report["rows"] if r["precision"] == "fp32"]
     assert all(r["speedup_vs_fp32"] == 1.0 for r in fp32)
     model = next(r for r in report["rows"] if r["kind"] == "model" and r["precision"] == "bf16")
-    assert model["loss_change"] is not None and 0 < model["mfu"]
+    assert model["loss_change"] is not None
+    # MFU against the fastest matmul this run measured; --tiny's are 31 and 32 wide, which a
+    # model step's larger matmuls may outrun (seen with bf16 units): then it says so instead
+    if model["mfu"] is None:
+        assert model["mfu_reference"].startswith("no MFU: the step ran its matmuls faster")
+    else:
+        assert 0 < model["mfu"] <= 1
     assert model["matmuls_ran_in"] == "bfloat16"
     assert png.read_bytes()[:4] == b"\x89PNG"
     for words in ("Why:", "crossover", "Targets:", "6 × (parameters in matmuls) × tokens"):

@@ -74,7 +74,8 @@ def _reviews(n: int) -> tuple[dict, ...]:
     return tuple({k: v[i] for k, v in batch.items()} for i in range(n))
 
 
-@functools.cache
+# a few seeds' worth: a grader that grades a class draws the hidden run's weights per notebook
+@functools.lru_cache(maxsize=4)
 def _initial_weights(seed: int) -> tuple[torch.Tensor, ...]:
     return tuple(p.detach().clone() for p in lesson_model(seed=seed).parameters())
 
@@ -123,7 +124,7 @@ class LoopRun:
         return not all(torch.equal(a, b) for a, b in zip(self.weights, self.initial))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=8)
 def _reference_run(mixed_precision: str = "bf16", batches: int = 3, batch_size: int = 8,
                    seed: int = 0, zero_grad: bool = True) -> LoopRun:
     return LoopRun(functools.partial(_reference_loop, zero_grad=zero_grad), mixed_precision,
