@@ -152,14 +152,16 @@ def test_5_1_an_unprepared_model_really_trains_in_fp32_and_the_reference_in_bf16
     assert not ex.LoopRun(loop(prepare="optimizer, dataloader")).same_weights(ex.LoopRun(loop()))
 
 
-def test_5_1_the_hidden_check_runs_fp32_on_other_weights_and_more_batches(monkeypatch):
-    def three_batches_only(accelerator, model, optimizer, dataloader):
-        model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
-        for batch in list(dataloader)[:3]:
-            accelerator.backward(model(**batch).loss)
-            optimizer.step()
-            optimizer.zero_grad()
+def three_batches_only(accelerator, model, optimizer, dataloader):
+    """The course's loop, stopped after the public check's 3 batches."""
+    model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+    for batch in list(dataloader)[:3]:
+        accelerator.backward(model(**batch).loss)
+        optimizer.step()
+        optimizer.zero_grad()
 
+
+def test_5_1_the_hidden_check_runs_fp32_on_other_weights_and_more_batches(monkeypatch):
     assert ex.check("5.1", three_batches_only).passed  # the public check has 3 batches
     monkeypatch.setenv("MPLAB_GRADING", "1")
     failed_saying(ex.check("5.1", three_batches_only), "hidden check", 'mixed_precision="no"')
@@ -172,14 +174,6 @@ def test_5_1_runs_leave_accelerates_state_fresh_for_the_notebook():
     ex.check("5.1", loop())
     with fresh_accelerate():  # a notebook's next Accelerator may ask for another precision
         assert Accelerator(mixed_precision="no", cpu=True).mixed_precision == "no"
-
-
-def _three_batches_only(accelerator, model, optimizer, dataloader):
-    model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
-    for batch in list(dataloader)[:3]:
-        accelerator.backward(model(**batch).loss)
-        optimizer.step()
-        optimizer.zero_grad()
 
 
 LOOPS = {"the course's": dict(), "nothing prepared": dict(prepare=""),
@@ -196,7 +190,7 @@ def test_5_1_the_grader_decides_from_the_record_of_the_loop(name, graded_apart):
     and backward make) and the weights it left; the grader replays that into its own run,
     hidden one included, and compares with the course's loop run there: the kernel's verdict,
     and on the hidden run's weights drawn for each grading, the grader's own."""
-    learner = loop(**LOOPS[name]) if name in LOOPS else _three_batches_only
+    learner = loop(**LOOPS[name]) if name in LOOPS else three_batches_only
     kernel, grader = graded_apart("5.1", learner)
     if name == "three batches only":  # the kernel ran the hidden run; the grader judged it
         assert kernel.passed and grader.status == "failed"
