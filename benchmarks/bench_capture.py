@@ -56,8 +56,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from mplab import cast_plots, casts
-    from mplab.capture import KINDS, capture
+    from mplab import plots
+    from mplab.amp.capture import KINDS, capture
+    from mplab.numerics import casts
 
     model, which = lesson_model()
     model.train()
@@ -87,7 +88,7 @@ def main() -> None:
     scales = [2.0 ** k for k in range(0, 25, 24 // 9)][:10]
     rows = []
     for what, fn in [
-        ("redraw histogram figure (PNG)", lambda s: cast_plots.exponent_histogram_plot(
+        ("redraw histogram figure (PNG)", lambda s: plots.exponent_histogram_plot(
             mags, args.precision, s, pyplot=False, xlim=(-60, 24)).savefig(io.BytesIO(),
                                                                            format="png")),
         ("cast table, counts only", lambda s: cap.table(args.precision, s, "activation_grads",

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from mplab.scaler import GradScaler
+from mplab.amp.scaler import GradScaler
 
 TARGET_RATIO = 1.3
 

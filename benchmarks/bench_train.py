@@ -27,10 +27,10 @@ import torch
 
 from mplab import data, models
 from mplab._display import Table
-from mplab.formats import dtype_of
 from mplab.hardware import cpu_features, describe, has_units, resolve_device
+from mplab.numerics.formats import dtype_of
 from mplab.train import NonFiniteLossError, TrainConfig, TrainWarning, train
-from mplab.train.common import global_batches, model_inputs
+from mplab.train.inputs import global_batches, model_inputs
 from mplab.train.run import lr_schedule
 
 OVERHEAD_TARGET, BF16_TARGET, PARITY_TARGET, CUDA_TARGET = 0.05, 1.5, 0.02, 2.5

@@ -1,4 +1,4 @@
-"""Every failure of mplab.lab and its first fix, on one device: does diagnose name the failure
+"""Every failure of mplab.diagnosis.lab and its first fix, on one device: does diagnose name the failure
 in the broken run, and stop naming it after the fix? Prints a table and the time of each run.
 
     python benchmarks/lab_check.py                     # device auto (a GPU if there is one)
@@ -17,9 +17,8 @@ import json
 import time
 import warnings
 
-from mplab import lab
 from mplab._display import Table
-from mplab.diagnosis import diagnose
+from mplab.diagnosis import diagnose, lab
 from mplab.hardware import describe
 
 
@@ -45,7 +44,7 @@ def main(argv=None) -> int:
         except lab.CannotReproduce as err:  # a failure this machine cannot show
             row |= {"ok": True, "broken: cause": f"not here: {err}"[:60]}
         rows.append(row)
-    table = Table(rows, title=f"mplab.lab on {describe(args.device)}")
+    table = Table(rows, title=f"mplab.diagnosis.lab on {describe(args.device)}")
     print(table)
     if args.json:
         with open(args.json, "w") as f:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 import math
 
+__all__ = ["Table"]
+
 
 def _cell(v) -> str:
     if isinstance(v, float):

@@ -20,6 +20,9 @@ import torch
 
 from mplab.hardware import resolve_device
 
+__all__ = ["DATA_DIR", "TextDataset", "shipped_datasets", "load_dataset", "hf_dataset", "encode",
+           "batches", "batch_rows"]
+
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
 

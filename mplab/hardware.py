@@ -18,7 +18,11 @@ from pathlib import Path
 
 import torch
 
-from mplab.formats import get_format
+from mplab.numerics.formats import get_format
+
+__all__ = ["UNITS", "CPU_KINDS", "CPU_FEATURES_ENV", "has_units", "runs_fast", "resolve_device",
+           "no_units_reason", "cpu_features", "describe", "synchronize", "MatmulTiming",
+           "time_matmul"]
 
 # CPU flags that decide whether bf16 / fp16 matmuls have hardware behind them (x86 names).
 _LOW_PRECISION_FLAGS = {

@@ -23,7 +23,11 @@ from pathlib import Path
 import torch
 
 from mplab.data import DATA_DIR
-from mplab.formats import dtype_name, dtype_of
+from mplab.numerics.formats import dtype_name, dtype_of
+
+__all__ = ["LESSON_TOKENIZER", "LESSON_PRETRAINED", "LESSON_CONFIG", "lesson_tokenizer",
+           "model_classes", "lesson_model", "warm_start", "LoadWarning", "MINILM_PACKAGE",
+           "minilm_path", "saved_dtype", "load_pretrained"]
 
 LESSON_TOKENIZER = DATA_DIR / "sentiment" / "tokenizer"
 # The lesson model's encoder after 600 fp32 steps, without pooler and head (made and

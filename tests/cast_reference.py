@@ -1,13 +1,13 @@
 """References the cast tests share: tensors that reach every edge, and torch's own casts.
 
-A test's reference here is torch's cast itself (or mplab.formats' exact rounding), never the
+A test's reference here is torch's cast itself (or mplab.numerics.formats' exact rounding), never the
 code under test."""
 
 import math
 
 import torch
 
-from mplab import formats as F
+from mplab.numerics import formats
 
 LOW = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
 ALL = LOW + ["fp32"]
@@ -26,7 +26,7 @@ def spread(n: int, seed: int = 0, lo: float = -45, hi: float = 20) -> torch.Tens
 
 def edge_values(precision: str) -> torch.Tensor:
     """The rounding edges of a format in fp32 and their fp32 neighbours on both sides."""
-    f = F.get_format(precision)
+    f = formats.get_format(precision)
     edges = [float(f.min_subnormal) / 2, float(f.min_normal) - float(f.min_subnormal) / 2,
              float(f.max_finite), float(f.min_subnormal), float(f.min_normal)]
     top_ulp = 2.0 ** (f.emax - f.man_bits)
@@ -41,7 +41,7 @@ def edge_values(precision: str) -> torch.Tensor:
 
 def direct(x: torch.Tensor, precision: str, scale: float) -> dict:
     """Classify each value by casting it with torch (the definition the library must meet)."""
-    f = F.get_format(precision)
+    f = formats.get_format(precision)
     x = x.float()
     v = x * scale
     q = v.to(f.dtype()).float()

@@ -66,9 +66,9 @@ def notebook_names(xid: str) -> dict:
     lesson module, in lesson 2 the capture `cap`, in lesson 6 TrainingArguments."""
     names = {"ex": lesson_of(xid)}
     if xid.startswith("2."):
-        from mplab import lessons  # the notebook's cap = lessons.lesson_capture() (cached)
+        from mplab import fixtures  # the notebook's cap = fixtures.lesson_capture() (cached)
 
-        names["cap"] = lessons.lesson_capture()
+        names["cap"] = fixtures.lesson_capture()
     if xid.startswith("6."):
         from transformers import TrainingArguments  # lesson 6's setup imports it; 6.1 uses it
 

@@ -1,4 +1,4 @@
-"""mplab.accumulate: exact rounding of significands, the limited running sum of a GEMM, the
+"""mplab.lowbit.accumulator: exact rounding of significands, the limited running sum of a GEMM, the
 sweep over K and its plot. References are torch's casts, ml_dtypes, Fractions and Python loops."""
 
 import io
@@ -12,7 +12,7 @@ import torch
 from matplotlib.figure import Figure
 
 from mplab._display import Table
-from mplab.accumulate import (
+from mplab.lowbit.accumulator import (
     MODES,
     accumulate_gemm,
     accumulation_error,

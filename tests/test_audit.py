@@ -1,4 +1,4 @@
-"""mplab.audit: whether mixed precision really happened, checked against what torch, Accelerate
+"""mplab.amp.audit: whether mixed precision really happened, checked against what torch, Accelerate
 and transformers really do, and each silent fallback named; the packaged pretrained MiniLM and
 the bf16-checkpoint trap."""
 
@@ -14,9 +14,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from mplab import data, models  # noqa: E402
-from mplab.audit import Audit, audit  # noqa: E402
-from mplab.scaler import GradScaler as MplabGradScaler  # noqa: E402
-from mplab.trace import trace  # noqa: E402
+from mplab.amp.audit import Audit, audit  # noqa: E402
+from mplab.amp.scaler import GradScaler as MplabGradScaler  # noqa: E402
+from mplab.amp.trace import trace  # noqa: E402
 from mplab.train import TrainResult, TrainWarning, train  # noqa: E402
 from mplab.train.accelerate_path import fresh_accelerate  # noqa: E402
 
@@ -217,7 +217,7 @@ def test_without_the_package_minilm_path_says_how_to_install_it(monkeypatch):
 
 
 def test_fallbacks_are_codes_with_words_and_survive_json(batch):
-    from mplab.audit import FALLBACKS, Fallback
+    from mplab.amp.audit import FALLBACKS, Fallback
 
     model = models.lesson_model().to(torch.bfloat16)
     report = audit(model, stepped(model, batch), batch=batch,
@@ -235,7 +235,7 @@ def test_fallbacks_are_codes_with_words_and_survive_json(batch):
 def test_a_record_written_before_fallbacks_had_codes_reads_back_with_them():
     """audits_before_codes.json: audits as mplab wrote them before codes (b18c7b7), each
     fallback a sentence; they load with the code of each sentence, its words kept."""
-    from mplab.audit import Fallback
+    from mplab.amp.audit import Fallback
 
     records = json.loads((Path(__file__).parent / "audits_before_codes.json").read_text())
     codes = [[f.code for f in Audit.from_dict(r).fallbacks] for r in records]

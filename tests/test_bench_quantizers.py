@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from mplab import microscaling as M
-from mplab import quantize as Q
 from mplab.bench import quantizers as B
+from mplab.lowbit import microscaling as M
+from mplab.lowbit import quantize as Q
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mplab import bench, hardware, lab
+from mplab import bench, hardware
 from mplab._display import Table
 from mplab.bench.steps import FORWARD_BACKWARD, SCALER_PASS
 from mplab.bench.sweep import Plan, matmul_sweep
+from mplab.diagnosis import lab
 
 
 def test_step_costs_time_each_precision_and_leave_the_model_as_it_was():

@@ -1,4 +1,4 @@
-"""mplab.bf16 against references: torch's own casts and nextafter, and the same optimizer on fp32.
+"""mplab.numerics.bf16_updates against references: torch's own casts and nextafter, and the same optimizer on fp32.
 
 stochastic_round must land on one of the two bf16 neighbours torch computes, with the probability
 that makes it right on average. LowPrecisionUpdate must be exactly "one fp32 step of the inner
@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from mplab.bf16 import ROUNDINGS, LowPrecisionUpdate, stochastic_round
+from mplab.numerics.bf16_updates import ROUNDINGS, LowPrecisionUpdate, stochastic_round
 
 BF16 = torch.bfloat16
 BF16_MAX = torch.finfo(BF16).max

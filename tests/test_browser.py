@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from mplab import formats as F
+from mplab.numerics import formats
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -165,7 +165,7 @@ def screenshot_on_failure(page, path: Path):
 def flipped(value: float) -> float:
     """What the explorer's value becomes when the test's bit is clicked."""
     fmt, bit = FLIP
-    return F.from_bits(F.to_bits(value, fmt) ^ (1 << bit), fmt)
+    return formats.from_bits(formats.to_bits(value, fmt) ^ (1 << bit), fmt)
 
 
 def bit_button(page):
@@ -270,22 +270,22 @@ WIDGET_CELLS = [
     "explorer = precision_explorer(0.1)\nexplorer",
     # lesson 2's loss-scale explorer, over a step of the lesson model as initialised (the
     # lesson's trains it first, which the slider does not need)
-    "from mplab import lessons\nfrom mplab.widgets.lesson2 import loss_scale_explorer\n"
-    "cap = lessons.lesson_capture(steps=0)\nscale_explorer = loss_scale_explorer(cap)\n"
+    "from mplab import fixtures\nfrom mplab.widgets.lesson2 import loss_scale_explorer\n"
+    "cap = fixtures.lesson_capture(steps=0)\nscale_explorer = loss_scale_explorer(cap)\n"
     "scale_explorer",
     # lesson 3's GradScaler stepper (the lesson's fp16 run would only add minutes)
     "from mplab.widgets.lesson3 import scaler_stepper\n"
     "stepper = scaler_stepper(growth_interval=2)\nstepper",
     # lessons 4 to 6's training panel
-    "from mplab.widgets.lesson4 import training_panel\n"
+    "from mplab.widgets.training import training_panel\n"
     "panel = training_panel(steps=3, precision='fp32', device='cpu', batch_size=8, "
     "eval_samples=16)\npanel",
     # lesson 7's failure lab
     "from mplab.widgets.lesson7 import failure_lab\n"
     "lab_panel = failure_lab('no_scaler', steps=10)\nlab_panel",
     # lesson 9's recipe explorer, over a layer of the lesson model as initialised
-    "from mplab import lessons, lowbit\nfrom mplab.widgets.lesson9 import recipe_explorer\n"
-    "recipes = recipe_explorer(lowbit.layer_tensors(lessons.lesson_capture(steps=0), "
+    "from mplab import fixtures, lowbit\nfrom mplab.widgets.lesson9 import recipe_explorer\n"
+    "recipes = recipe_explorer(lowbit.layer_tensors(fixtures.lesson_capture(steps=0), "
     "'bert.encoder.layer.0.intermediate.dense'), recipe='MXFP4')\nrecipes",
 ]
 
@@ -322,7 +322,7 @@ def test_clicking_a_bit_in_jupyterlab_changes_the_kernels_value(workbook, tmp_pa
         page.locator(f".mplab-value-{fmt}").filter(has_text=f"= {expected!r}").wait_for()
         assert float(kernel_value(client, "explorer.value")) == expected
         assert kernel_value(client, f"explorer.rows[{fmt!r}].bits") == repr(
-            F.to_bits(expected, fmt))
+            formats.to_bits(expected, fmt))
         page.locator(".mplab-explorer").screenshot(path=str(tmp_path / "explorer-lab.png"))
 
 
@@ -348,7 +348,7 @@ def test_clicking_a_bit_on_the_voila_page_shows_the_new_value(voila, page, tmp_p
         button = bit_button(page)
         button.wait_for(state="visible")
         value = page.locator(f".mplab-value-{fmt}")
-        assert f"= {F.round_to(0.1, fmt)!r}" in value.inner_text()
+        assert f"= {formats.round_to(0.1, fmt)!r}" in value.inner_text()
         button.click()
         value.filter(has_text=f"= {expected!r}").wait_for()
         page.locator(".mplab-current").filter(has_text=repr(expected)).wait_for()

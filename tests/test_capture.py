@@ -1,12 +1,12 @@
-"""mplab.capture against the same step written out by hand: every activation, its gradient and
+"""mplab.amp.capture against the same step written out by hand: every activation, its gradient and
 every weight gradient, and the model left as it was."""
 
 import pytest
 import torch
 from torch import nn
 
-from mplab import capture as K
-from mplab import casts as C
+from mplab.amp import capture as K
+from mplab.numerics import casts as C
 
 
 def mlp() -> nn.Sequential:

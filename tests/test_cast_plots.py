@@ -1,4 +1,4 @@
-"""mplab.cast_plots: the figures draw the numbers mplab.casts and mplab.failures compute."""
+"""mplab.plots.casts: the figures draw the numbers mplab.numerics.casts and mplab.numerics.failures compute."""
 
 import math
 
@@ -7,16 +7,16 @@ import pytest
 import torch
 from cast_reference import grads_like
 
-from mplab import cast_plots
-from mplab import casts as C
-from mplab import failures as X
-from mplab import histograms as H
+from mplab import plots
+from mplab.numerics import casts as C
+from mplab.numerics import failures as X
+from mplab.numerics import histograms as H
 
 
 def test_exponent_histogram_plot_shades_bands_and_shifts_the_data_by_the_scale():
     x = grads_like()
     mags = {"a": C.Magnitudes(x[:25_000]), "b": C.Magnitudes(x[25_000:])}
-    fig = cast_plots.exponent_histogram_plot(mags, "fp16", 2.0**8, pyplot=False)
+    fig = plots.exponent_histogram_plot(mags, "fp16", 2.0**8, pyplot=False)
     ax = fig.axes[0]
     gids = {a.get_gid(): a for a in ax.get_children()}
     assert {"band-zero", "band-subnormal", "band-normal", "band-overflow"} <= set(gids)
@@ -29,21 +29,21 @@ def test_exponent_histogram_plot_shades_bands_and_shifts_the_data_by_the_scale()
     assert f"of the {st.nonzero:,} nonzero values" in summary
     assert f"lost to 0  {100 * row['lost (of nonzero)']:.3g} %" in summary
     assert f"subnormal  {100 * row['subnormal (of nonzero)']:.3g} %" in summary
-    one = cast_plots.exponent_histogram_plot(x, "bf16", pyplot=False)
+    one = plots.exponent_histogram_plot(x, "bf16", pyplot=False)
     assert "hist-unscaled" not in {a.get_gid() for a in one.axes[0].get_children()}
-    hist_only = cast_plots.exponent_histogram_plot(H.exponent_histogram(x), "fp8_e5m2", 4.0,
+    hist_only = plots.exponent_histogram_plot(H.exponent_histogram(x), "fp8_e5m2", 4.0,
                                               pyplot=False)
     assert hist_only.axes
 
 
 def test_the_histogram_axis_reaches_the_smallest_and_largest_values():
     x = torch.cat([grads_like(), torch.tensor([2.0**-81, -(2.0**-77)])])  # far below 2^-60
-    ax = cast_plots.exponent_histogram_plot(x, "fp16", pyplot=False).axes[0]
+    ax = plots.exponent_histogram_plot(x, "fp16", pyplot=False).axes[0]
     lo, hi = ax.get_xlim()
     assert lo <= -81 and hi >= math.log2(30.0)
     drawn = {a.get_gid(): a for a in ax.get_children()}["hist-all"].get_data()
     assert drawn.edges[0] == -81 and drawn.values.sum() == pytest.approx(1.0)  # all of them
-    fixed = cast_plots.exponent_histogram_plot(x, "fp16", bins=range(-60, 20), pyplot=False)
+    fixed = plots.exponent_histogram_plot(x, "fp16", bins=range(-60, 20), pyplot=False)
     legend = [t.get_text() for t in fixed.axes[0].get_legend().get_texts()]
     assert any("2 values outside" in t for t in legend), legend
 
@@ -51,7 +51,7 @@ def test_the_histogram_axis_reaches_the_smallest_and_largest_values():
 def test_the_sweep_curve_and_its_window_share_one_denominator():
     x = grads_like()
     sweep = C.scale_sweep(x, "fp16")
-    fig = cast_plots.scale_sweep_plot(sweep, underflow_tol=0.05, pyplot=False)
+    fig = plots.scale_sweep_plot(sweep, underflow_tol=0.05, pyplot=False)
     ax = fig.axes[0]
     assert ax.get_xlabel() == "log2 scale" and "nonzero" in ax.get_ylabel()
     gids = {a.get_gid(): a for a in ax.get_children()}
@@ -66,7 +66,7 @@ def test_the_sweep_curve_and_its_window_share_one_denominator():
     assert (span.get_x(), span.get_x() + span.get_width()) == (math.log2(lo), math.log2(hi))
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "good scales: lost ≤ 5 %, no overflow" in legend
-    none = cast_plots.scale_sweep_plot(C.scale_sweep(torch.tensor([2.0**-40, 1e4])),
+    none = plots.scale_sweep_plot(C.scale_sweep(torch.tensor([2.0**-40, 1e4])),
                                        underflow_tol=0.0, pyplot=False)
     assert "no scale loses" in {a.get_gid(): a for a in none.axes[0].get_children()}[
         "sweep-no-window"].get_text()
@@ -74,15 +74,15 @@ def test_the_sweep_curve_and_its_window_share_one_denominator():
 
 def test_swamping_plot_draws_the_run_and_marks_the_first_lost_update():
     run = X.swamping_run(1.0, 1e-4, 50, "fp16")
-    fig = cast_plots.swamping_plot(run, pyplot=False)
+    fig = plots.swamping_plot(run, pyplot=False)
     lines = fig.axes[0].get_lines()
     assert any((line.get_ydata() == run.weights).all() for line in lines)
     assert "50 of 50 updates lost" in fig.axes[0].get_title()
-    master = cast_plots.swamping_plot(X.swamping_run(1.0, 1e-4, 50, "fp16", master=True),
+    master = plots.swamping_plot(X.swamping_run(1.0, 1e-4, 50, "fp16", master=True),
                                  pyplot=False)
     assert len(master.axes[0].get_lines()) == 3  # exact, master, the weight used
     with pytest.raises(TypeError, match="swamping_run"):
-        cast_plots.swamping_plot([1.0, 2.0])
+        plots.swamping_plot([1.0, 2.0])
 
 
 @pytest.mark.parametrize("precision, scale", [("fp16", 1.0), ("fp16", 2.0**19),
@@ -91,7 +91,7 @@ def test_the_histogram_labels_are_readable_and_overlap_nothing(precision, scale)
     x = torch.cat([grads_like(), torch.tensor([2.0**-81])])  # a wide axis: narrow bands
     mags = {f"bert.encoder.layer.{i}.attention.self.query": C.Magnitudes(x[i::5])
             for i in range(5)}  # long layer names in the legend
-    fig = cast_plots.exponent_histogram_plot(mags, precision, scale, pyplot=False)
+    fig = plots.exponent_histogram_plot(mags, precision, scale, pyplot=False)
     fig.canvas.draw()
     ax, r = fig.axes[0], fig.canvas.get_renderer()
     labels = [a for a in ax.texts if (a.get_gid() or "").startswith("band-label-")]

@@ -1,4 +1,4 @@
-"""mplab.casts against direct torch casts (and mplab.formats): what a cast does to a tensor,
+"""mplab.numerics.casts against direct torch casts (and mplab.numerics.formats): what a cast does to a tensor,
 counted exactly, and the loss scale that keeps the most of it."""
 
 import math
@@ -9,9 +9,9 @@ import pytest
 import torch
 from cast_reference import ALL, E4M3_OVERFLOW, LOW, SCALES, direct, edge_values, grads_like, spread
 
-from mplab import casts as C
-from mplab import formats as F
-from mplab.histograms import format_bands
+from mplab.numerics import casts as C
+from mplab.numerics import formats
+from mplab.numerics.histograms import format_bands
 
 
 def counts(st: C.CastStats) -> dict:
@@ -57,14 +57,14 @@ def test_edges_hit_exactly_through_the_scale_agree_with_real_casts(precision, sc
 
 @pytest.mark.parametrize("precision", LOW)
 def test_fractions_equal_formats_round_to_value_by_value(precision):
-    """An independent reference: classify each fl32(x·s) with mplab.formats' exact rounding."""
-    f = F.get_format(precision)
+    """An independent reference: classify each fl32(x·s) with mplab.numerics.formats' exact rounding."""
+    f = formats.get_format(precision)
     x = torch.cat([spread(400, seed=3), edge_values(precision)])
-    nan_fmt = F.E4M3_NAN_ON_OVERFLOW if precision == "fp8_e4m3" else f  # overflow shows as NaN
+    nan_fmt = formats.E4M3_NAN_ON_OVERFLOW if precision == "fp8_e4m3" else f  # overflow shows as NaN
     for scale in (1.0, 2.0**12, 0.1):
         want = dict.fromkeys(("zero", "underflow", "subnormal", "normal", "overflow"), 0)
         for v, x0 in zip((x * scale).tolist(), x.tolist()):
-            r = F.round_to(v, nan_fmt)
+            r = formats.round_to(v, nan_fmt)
             if x0 == 0:
                 want["zero"] += 1
             elif r == 0:
@@ -82,7 +82,7 @@ def test_fractions_equal_formats_round_to_value_by_value(precision):
 
 @pytest.mark.parametrize("precision", LOW)
 def test_half_the_smallest_subnormal_ties_to_zero_and_just_above_rounds_up(precision):
-    f = F.get_format(precision)
+    f = formats.get_format(precision)
     half = torch.tensor([float(f.min_subnormal) / 2])
     above = torch.nextafter(half, torch.tensor(1.0))
     assert C.cast_stats(half, precision).underflow == 1
@@ -227,7 +227,7 @@ def test_lost_frac_is_the_share_of_nonzero_values_torch_flushes_and_windows_can_
 
 @pytest.mark.parametrize("precision", LOW)
 def test_rounding_edges_are_where_torch_flushes_turns_normal_and_overflows(precision):
-    f = F.get_format(precision)
+    f = formats.get_format(precision)
     e = C.rounding_edges(precision)
     dtype = f.dtype()
 

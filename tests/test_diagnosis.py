@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import mplab
-from mplab import lab
-from mplab.diagnosis import CAUSES, Diagnosis, diagnose
+from mplab.diagnosis import CAUSES, Diagnosis, diagnose, lab
 from mplab.plots import learned_share
 from mplab.train import NonFiniteLossError, Recorder, TrainResult, train
 from mplab.train.watch import ScalerCalls, StepWatch

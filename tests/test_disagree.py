@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from mplab import disagree as D
-from mplab import formats as F
-from mplab import microscaling as M
-from mplab.quantize import load_torchao
+from mplab.lowbit import disagree as D
+from mplab.lowbit import microscaling as M
+from mplab.lowbit.quantize import load_torchao
+from mplab.numerics import formats
 
 load_torchao()
 from torchao.float8.float8_utils import to_fp8_saturated  # noqa: E402
@@ -103,7 +103,7 @@ def test_every_cell_is_a_fresh_call_to_that_library(every_probe):
             assert r["torch"] == "—", where
             assert not hasattr(torch, ML[name].__name__) or name == "fp4_e2m1"
         assert same(r["ml_dtypes"], by_ml_dtypes(x, name)), where
-        assert same(r["mplab"], F.round_to(x, name)), where
+        assert same(r["mplab"], formats.round_to(x, name)), where
         if name == "e8m0":
             assert r["torchao"] == "—", where
             assert same(r["torchao FLOOR"], torchao_scale(x, "floor")), where

@@ -1,4 +1,4 @@
-"""Lesson 1's exercises: each reference against mplab.formats and torch's own casts, and the
+"""Lesson 1's exercises: each reference against mplab.numerics.formats and torch's own casts, and the
 feedback a learner's likely mistakes get (the concept missed, never the answer)."""
 
 import ast
@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import failed_saying
 
-from mplab import formats as F
 from mplab.exercises import lesson1 as ex
-from mplab.explain import decompose
+from mplab.numerics import formats
+from mplab.numerics.explain import decompose
 
 IDS = list(ex.EXERCISES)
 DTYPE = {(5, 10): torch.float16, (8, 7): torch.bfloat16, (5, 2): torch.float8_e5m2}
@@ -41,11 +41,11 @@ def test_there_are_five_exercises_worth_six_points():
 @pytest.mark.parametrize("xid", IDS)
 def test_the_second_hint_names_the_api_in_mplab(xid):
     hint = ex.EXERCISES[xid].hints[1]
-    assert "mplab.formats" in hint or "mplab.explain" in hint
+    assert "mplab.numerics.formats" in hint or "mplab.numerics.explain" in hint
 
 
 def test_hints_do_not_state_the_answer():
-    answers = {"1.1": F.from_bits(ex.P11, "fp16"), "1.2": float(F.FP16.max_finite)}
+    answers = {"1.1": formats.from_bits(ex.P11, "fp16"), "1.2": float(formats.FP16.max_finite)}
     for xid, value in answers.items():
         for text in ex.EXERCISES[xid].hints:
             assert f"{value:g}" not in text
@@ -77,8 +77,8 @@ def _shown_before(xid: str) -> str:
     return "\n".join(c.source for c in nb.cells[:at - 1])
 
 
-@pytest.mark.parametrize("xid, answer", [("1.2", F.FP16.max_finite),
-                                         ("1.3", F.FP16.min_subnormal)])
+@pytest.mark.parametrize("xid, answer", [("1.2", formats.FP16.max_finite),
+                                         ("1.3", formats.FP16.min_subnormal)])
 def test_1_2_and_1_3_answers_are_not_on_the_page_before_them(xid, answer):
     shown, value = _shown_before(xid), float(answer)
     forms = {f"{value:g}", f"{value:.3g}", f"{value:.2g}", f"{value:.1g}",
@@ -106,7 +106,7 @@ def test_1_4_numbers_are_not_in_any_table_or_text_before_it():
                 assert not re.search(rf"(?<![\d.]){re.escape(form)}(?![\d])", shown), form
 
 
-FP16_EDGES = [float(F.FP16.max_finite), float(F.FP16.min_normal), float(F.FP16.min_subnormal)]
+FP16_EDGES = [float(formats.FP16.max_finite), float(formats.FP16.min_normal), float(formats.FP16.min_subnormal)]
 
 
 def _binades_from_fp16_edges(x: float) -> float:
@@ -154,12 +154,12 @@ def test_no_row_of_the_table_answers_a_1_4_number_by_lookup():
 
 def test_1_1_accepts_the_value_torch_reads_from_the_pattern():
     value = torch_decode(ex.P11, 5, 10, 15)
-    assert value == F.from_bits(ex.P11, "fp16")
+    assert value == formats.from_bits(ex.P11, "fp16")
     assert ex.check("1.1", value).passed
 
 
 def _wrong_1_1():
-    sign, exponent, mantissa = F.field_bits(ex.P11, "fp16")
+    sign, exponent, mantissa = formats.field_bits(ex.P11, "fp16")
     fraction = mantissa / 2**10
     return [(+(1 + fraction) * 2.0 ** (exponent - 15), "sign"),
             (-fraction * 2.0 ** (exponent - 15), "hidden leading 1"),
@@ -170,7 +170,7 @@ def _wrong_1_1():
 
 @pytest.mark.parametrize("answer, concept", _wrong_1_1())
 def test_1_1_wrong_answer_names_the_step_that_was_missed(answer, concept):
-    right = F.from_bits(ex.P11, "fp16")
+    right = formats.from_bits(ex.P11, "fp16")
     failed_saying(ex.check("1.1", answer), concept, hiding=(f"{right:g}", f"{abs(right):g}"))
 
 
@@ -203,7 +203,7 @@ def test_1_2_an_answer_of_the_wrong_type_fails_and_says_what_to_give(answer):
 
 def test_1_3_accepts_the_smallest_subnormal_within_the_stated_tolerance():
     smallest = torch.tensor([1], dtype=torch.int16).view(torch.float16).item()
-    assert smallest == float(F.FP16.min_subnormal) > 0
+    assert smallest == float(formats.FP16.min_subnormal) > 0
     assert ex.check("1.3", smallest).passed
     assert ex.check("1.3", smallest * (1 + 0.9e-3)).passed
     assert ex.check("1.3", "2**-24").passed
@@ -279,12 +279,12 @@ def test_1_5_hidden_checks_catch_a_decoder_that_only_knows_fp16(monkeypatch):
 def test_1_5_checks_only_the_ieee_style_formats_its_task_names():
     prompt = ex.EXERCISES["1.5"].prompt
     for name, _ in ex.PUBLIC_1_5 + ex._hidden_patterns():
-        assert F.get_format(name).has_inf and name in prompt, name
-    no_inf = [f for f in F.FORMATS.values() if not f.has_inf]
+        assert formats.get_format(name).has_inf and name in prompt, name
+    no_inf = [f for f in formats.FORMATS.values() if not f.has_inf]
     assert no_inf and all(f"not `{f.name}`" in prompt for f in no_inf)
     # the exclusion is real: e4m3's all-ones exponent holds numbers an IEEE decoder reads as inf
-    assert F.from_bits(0b0_1111_000, "fp8_e4m3") == 256.0
-    assert F.kind_of(0b0_1111_000, "fp8_e4m3") == "normal"
+    assert formats.from_bits(0b0_1111_000, "fp8_e4m3") == 256.0
+    assert formats.kind_of(0b0_1111_000, "fp8_e4m3") == "normal"
 
 
 def _without(case):
@@ -299,7 +299,7 @@ def _without(case):
         if case == "NaN" and value != value:
             return math.inf
         if case == "infinity" and math.isinf(value):
-            return float(F.FP16.max_finite)
+            return float(formats.FP16.max_finite)
         return value
     return decode
 

@@ -9,8 +9,8 @@ import torch
 from conftest import failed_saying
 
 from mplab.exercises import lesson2 as ex
-from mplab.formats import dtype_of
-from mplab.lessons import lesson_capture
+from mplab.fixtures import lesson_capture
+from mplab.numerics.formats import dtype_of
 from mplab.widgets.lesson2 import swamping_demo
 
 IDS = list(ex.EXERCISES)
@@ -161,7 +161,7 @@ def test_2_5_public_and_hidden_checks(monkeypatch):
 
 
 def test_2_5_is_not_answered_by_the_library_call_the_lesson_shows_above_it(monkeypatch):
-    from mplab import casts
+    from mplab.numerics import casts
 
     def wraps_mplab(t, dtype, scale):  # gives the right numbers: cast_stats is the reference
         return casts.cast_stats(t, dtype, scale).lost_frac

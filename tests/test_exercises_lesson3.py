@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from conftest import failed_saying, run_cell
 
+from mplab.amp.scaler import GradScaler
 from mplab.exercises import lesson3 as ex
 from mplab.exercises import same_tensors
-from mplab.scaler import GradScaler
 
 IDS = list(ex.EXERCISES)
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "03_loss_scaling_gradscaler.ipynb"

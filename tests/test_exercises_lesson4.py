@@ -1,5 +1,5 @@
 """Lesson 4's exercises: learners' orders and steps run with torch, trace answers against
-mplab.trace's classification, and the feedback their likely mistakes get."""
+mplab.amp.trace's classification, and the feedback their likely mistakes get."""
 
 import itertools
 
@@ -7,11 +7,11 @@ import pytest
 import torch
 from conftest import failed_saying, run_cell
 
+from mplab.amp.trace import FP32_AUTOCAST, OTHER, VIEW
 from mplab.exercises import lesson4 as ex
-from mplab.failures import overflow_demo
-from mplab.formats import get_format
-from mplab.lessons import lesson_trace
-from mplab.trace import FP32_AUTOCAST, OTHER, VIEW
+from mplab.fixtures import lesson_trace
+from mplab.numerics.failures import overflow_demo
+from mplab.numerics.formats import get_format
 
 IDS = list(ex.EXERCISES)
 

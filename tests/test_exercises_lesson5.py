@@ -1,5 +1,5 @@
 """Lesson 5's exercises: learners' loops run with a real Accelerator and compared with the
-course's loop, the fp16 question answered by mplab.audit of a real fp16 Accelerator, the audit
+course's loop, the fp16 question answered by mplab.amp.audit of a real fp16 Accelerator, the audit
 to read built for real, the GradScaler's whereabouts read off Accelerate by a spying scaler;
 and the feedback the likely mistakes get."""
 
@@ -16,10 +16,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from conftest import failed_saying, run_cell  # noqa: E402
 
-from mplab.audit import Observer, audit  # noqa: E402
+from mplab.amp.audit import Observer, audit  # noqa: E402
 from mplab.exercises import HIDDEN_FAILED  # noqa: E402
 from mplab.exercises import lesson5 as ex  # noqa: E402
-from mplab.lessons import lesson_batch  # noqa: E402
+from mplab.fixtures import lesson_batch  # noqa: E402
 from mplab.models import lesson_model  # noqa: E402
 from mplab.train import compare  # noqa: E402
 from mplab.train.accelerate_path import fresh_accelerate  # noqa: E402
@@ -388,7 +388,7 @@ def test_above_5_2_no_cell_says_that_fp16_was_ignored():
     assert "ignore" not in text and "fp32 run under another name" not in text
     code = above("5.2", "code")
     # every run audit above is shown as its facts only (the full audit names the fallback)
-    shown = [m for c in code for m in re.finditer(r"(?<!mplab)\.audit\b(.{0,24})", c)]
+    shown = [m for c in code for m in re.finditer(r"(?<!mplab)(?<!mplab\.amp)\.audit\b(.{0,24})", c)]
     assert shown and all(m.group(1).startswith(".table(verdict=False)") for m in shown)
     fp16_run = [c for c in code if 'train(precision="fp16"' in c]
     assert len(fp16_run) == 1

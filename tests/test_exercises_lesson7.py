@@ -39,7 +39,7 @@ def test_7_4_the_mystery_runs_are_what_diagnose_says_and_a_swap_is_caught():
 
 
 def test_7_4_the_loops_it_shows_are_the_lab_code_that_made_the_records():
-    from mplab import lab
+    from mplab.diagnosis import lab
 
     code = {k: lab.FAILURES[name].code for k, name in ex.MYSTERY.items()}
     loops = ex.MYSTERY_LOOPS
@@ -115,7 +115,7 @@ def test_7_3_a_plain_cast_and_a_biased_rounding_are_caught():
 
 
 def test_7_3_the_reference_agrees_with_mplabs_stochastic_round_in_distribution():
-    from mplab.bf16 import stochastic_round
+    from mplab.numerics.bf16_updates import stochastic_round
 
     _, namespace = run_cell(ex.EXERCISES["7.3"].solution_code, ex=ex)
     mine = namespace["round_stochastic"]

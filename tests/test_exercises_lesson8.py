@@ -1,5 +1,5 @@
 """Lesson 8's checks say why a wrong answer is wrong, against torch's MixedPrecisionPolicy and
-mplab.plan (which tests/test_train_fsdp.py holds to what real ranks hold)."""
+mplab.train.plan (which tests/test_train_fsdp.py holds to what real ranks hold)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from conftest import feedback as message
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from mplab import plan
 from mplab.exercises import lesson8 as ex
+from mplab.train import plan
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 from conftest import feedback as message
 
-from mplab import lowbit, quantize
+from mplab import lowbit
 from mplab.exercises import lesson9 as ex
+from mplab.lowbit import quantize
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

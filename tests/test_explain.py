@@ -1,13 +1,13 @@
-"""mplab.explain: what a format stores for a number, field by field, in tables and in words;
-every figure against torch's casts or mplab.formats' exact values."""
+"""mplab.numerics.explain: what a format stores for a number, field by field, in tables and in words;
+every figure against torch's casts or mplab.numerics.formats' exact values."""
 
 import math
 
 import pytest
 import torch
 
-from mplab import explain as E
-from mplab import formats as F
+from mplab.numerics import explain as E
+from mplab.numerics import formats
 
 
 def test_decompose_explains_the_fields():
@@ -27,7 +27,7 @@ def test_decompose_explains_the_fields():
 
 def test_format_table_lists_every_format_with_its_range():
     table = E.format_table()
-    assert table.column("format") == list(F.FORMATS)
+    assert table.column("format") == list(formats.FORMATS)
     row = table.rows[table.column("format").index("fp16")]
     assert row["largest finite"] == 65504 and row["smallest subnormal"] == 2.0 ** -24
     assert "<table>" in table._repr_html_() and "65504" in str(table)
@@ -43,7 +43,7 @@ def test_compare_shows_what_each_format_stores_and_its_error():
 
 
 def test_exact_decimal_writes_every_digit_up_to_a_limit():
-    assert E.exact_decimal(F.round_to(0.1, "fp32")) == "0.100000001490116119384765625"
+    assert E.exact_decimal(formats.round_to(0.1, "fp32")) == "0.100000001490116119384765625"
     assert E.exact_decimal(0.1) == "0.100000000000000005551115123125…"
     assert E.exact_decimal(65504.0) == "65504"
     assert E.exact_decimal(2.0 ** -24) == "5.9604644775390625e-8"
@@ -53,7 +53,7 @@ def test_exact_decimal_writes_every_digit_up_to_a_limit():
 @pytest.mark.parametrize("x, precision, note", [
     (1e-8, "fp16", "underflow: became 0"), (70000.0, "fp16", "overflow: became inf"),
     (500.0, "fp8_e4m3", "overflow: saturated at the largest finite"),
-    (500.0, F.E4M3_NAN_ON_OVERFLOW, "overflow: became NaN"),
+    (500.0, formats.E4M3_NAN_ON_OVERFLOW, "overflow: became NaN"),
     (1e-6, "fp16", "subnormal: fewer significant bits"), (0.1, "fp16", ""), (0.0, "fp16", ""),
     (math.inf, "fp16", ""),
 ])
@@ -66,7 +66,7 @@ def test_stored_row_is_the_explorers_row_of_one_format():
     row = E.stored_row(1e-8, d, "fp32")
     assert row == {"format": "fp32", "stored value, exactly": E.exact_decimal(d.value),
                    "kind": "normal", "abs. error": d.abs_error, "rel. error": d.rel_error,
-                   "spacing here (ulp)": F.ulp(d.value, "fp32"), "bits": F.to_bits(1e-8, "fp32"),
+                   "spacing here (ulp)": formats.ulp(d.value, "fp32"), "bits": formats.to_bits(1e-8, "fp32"),
                    "note": ""}
     inf = E.stored_row(1e6, E.decompose(1e6, "fp16"), "fp16")
     assert math.isnan(inf["spacing here (ulp)"]) and inf["note"] == "overflow: became inf"

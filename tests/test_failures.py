@@ -1,4 +1,4 @@
-"""mplab.failures against torch's arithmetic (and mplab.formats): swamped updates, stalled sums,
+"""mplab.numerics.failures against torch's arithmetic (and mplab.numerics.formats): swamped updates, stalled sums,
 an fp16 overflow that turns NaN."""
 
 import math
@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from mplab import failures as X
-from mplab import formats as F
+from mplab.numerics import failures as X
+from mplab.numerics import formats
 
 
 @pytest.mark.parametrize("precision,k", [("fp16", 11), ("bf16", 8)])
 def test_swamp_threshold_is_where_torch_stops_adding_the_update(precision, k):
-    dtype = F.get_format(precision).dtype()
+    dtype = formats.get_format(precision).dtype()
     for u in (2.0**-10, 2.0**-3, 1e-3, 0.3):
         w = X.swamp_threshold(u, precision)
         if math.log2(u) == int(math.log2(u)):
@@ -21,7 +21,7 @@ def test_swamp_threshold_is_where_torch_stops_adding_the_update(precision, k):
         assert 2.0**k * u <= w < 2.0 ** (k + 1) * u
         at = torch.tensor(w, dtype=dtype)
         assert (at.float() + u).to(dtype) == at  # lost at the threshold
-        below = torch.tensor(F.next_down(w, precision), dtype=dtype)
+        below = torch.tensor(formats.next_down(w, precision), dtype=dtype)
         assert (below.float() + u).to(dtype) != below  # not lost one step below
     assert X.swamp_threshold(2.0**-26, "fp16") == 0.0  # the update itself is 0 in fp16
 
@@ -43,10 +43,10 @@ def test_fp16_weights_stall_at_2_11_times_the_update_master_weights_do_not():
 
 def test_swamping_run_steps_equal_formats_round_to():
     run = X.swamping_run(1000.0, 0.3, 50, "fp16")
-    w = F.round_to(1000.0, "fp16")
-    u = F.round_to(0.3, "fp16")
+    w = formats.round_to(1000.0, "fp16")
+    u = formats.round_to(0.3, "fp16")
     for k in range(1, 51):
-        w = F.round_to(float(np.float32(w + u)), "fp16")
+        w = formats.round_to(float(np.float32(w + u)), "fp16")
         assert run.weights[k] == w, k
 
 
@@ -57,9 +57,9 @@ def test_bf16_running_sum_of_10000_uniform_values_sticks_at_256():
     assert rs.exact == pytest.approx(5000, rel=0.02) and rs.fp32 == pytest.approx(rs.exact,
                                                                                    rel=1e-5)
     assert rs.partial[rs.stalled_from - 1] == 256.0 and (rs.partial[rs.stalled_from:] == 256).all()
-    acc = 0.0  # the same sums by mplab.formats
+    acc = 0.0  # the same sums by mplab.numerics.formats
     for v in values[:600].tolist():
-        acc = F.round_to(float(np.float32(acc + v)), "bf16")
+        acc = formats.round_to(float(np.float32(acc + v)), "bf16")
     assert acc == rs.partial[599]
     assert X.running_sum(torch.empty(0), "fp16").low == 0.0
 
@@ -133,7 +133,7 @@ def test_nan_causes_are_read_off_the_operands():
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
 def test_inf_arithmetic_is_torchs_in_the_format(precision):
     rows = {r["operation"]: r[f"{precision} result"] for r in X.inf_arithmetic(precision)}
-    top = float(F.get_format(precision).max_finite)
+    top = float(formats.get_format(precision).max_finite)
     assert rows[f"{top:g} × 2"] == math.inf and rows["inf + 1"] == math.inf
     assert rows["1 / inf"] == 0 and rows["exp(−inf)"] == 0
     for op in ("inf − inf", "0 × inf", "inf / inf", "NaN + 1", "NaN × 0", "max(NaN, 1)"):

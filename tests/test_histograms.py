@@ -1,4 +1,4 @@
-"""mplab.histograms: exponent histograms counted against torch.frexp, and the bands of a format
+"""mplab.numerics.histograms: exponent histograms counted against torch.frexp, and the bands of a format
 at their exact rounding edges."""
 
 import math
@@ -8,8 +8,8 @@ import pytest
 import torch
 from cast_reference import spread
 
-from mplab import histograms as H
-from mplab.casts import Magnitudes
+from mplab.numerics import histograms as H
+from mplab.numerics.casts import Magnitudes
 
 
 def test_exponent_histogram_counts_floor_log2_and_zeros_apart():

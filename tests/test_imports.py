@@ -1,15 +1,19 @@
-"""The import direction DESIGN.md draws, read off every mplab module's imports (ast, nothing run).
+"""The layers ARCHITECTURE.md draws, read off every mplab module's imports (ast, nothing run).
 
-    notebooks -> widgets, exercises -> library -> torch / transformers / accelerate
+    notebooks -> teaching (widgets, exercises, grade) -> bench, diagnosis, fixtures -> train
+    -> amp, lowbit -> hardware, data, models, plots -> numerics -> ground (_display)
 
-Nothing in the library imports a widget or an exercise (the grader, mplab.grade, belongs to the
-exercises); widgets and exercises do not import each other; the exact layer (float formats,
-casts, the GradScaler, the trace) imports nothing that trains or loads data, so it stands alone.
-No module, and no notebook, uses another module's private names. No modules, and no packages,
-import each other in a circle (lazy imports inside functions count too).
+A module imports only from its own floor or floors below (`FLOORS`); widgets and exercises do
+not import each other; the exact layer (float formats, casts, the GradScaler, the trace, the
+low-bit recipes) imports nothing that trains or loads data, so it stands alone. No module, and
+no notebook, uses another module's private names; a notebook imports only what a module
+exports (`__all__`), and every module says what it exports. No modules, and no packages, import
+each other in a circle (lazy imports inside functions count too). The package root holds at
+most 10 modules, and no module is over 600 lines.
 """
 
 import ast
+import importlib
 from pathlib import Path
 
 import nbformat
@@ -20,14 +24,26 @@ import mplab
 PACKAGE = Path(mplab.__file__).resolve().parent
 NOTEBOOKS = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
 
+#: The floors, lowest first: a module imports from its own floor or below, never above.
+#: `mplab` itself (the package's face: `mplab.diagnose`) is on the top floor, with the teaching.
+FLOORS = (
+    ("mplab._display", "mplab._moved"),
+    ("mplab.numerics",),
+    ("mplab.hardware", "mplab.data", "mplab.models", "mplab.plots"),
+    ("mplab.amp", "mplab.lowbit"),
+    ("mplab.train",),
+    ("mplab.bench", "mplab.diagnosis", "mplab.fixtures"),
+    ("mplab.widgets", "mplab.exercises", "mplab.grade"),
+)
 #: Modules that are exact arithmetic over torch and stand on their own.
-EXACT = ("mplab.parse", "mplab.formats", "mplab.explain", "mplab.casts", "mplab.histograms",
-         "mplab.scaler", "mplab.trace", "mplab.bf16", "mplab.quantize", "mplab.microscaling",
-         "mplab.disagree", "mplab.accumulate")
+EXACT = ("mplab.numerics.parse", "mplab.numerics.formats", "mplab.numerics.explain",
+         "mplab.numerics.casts", "mplab.numerics.histograms", "mplab.numerics.failures",
+         "mplab.numerics.bf16_updates", "mplab.amp.scaler", "mplab.amp.trace",
+         "mplab.lowbit.quantize", "mplab.lowbit.microscaling", "mplab.lowbit.disagree",
+         "mplab.lowbit.accumulator")
 #: What the exact layer must not import: data, models, training, the lesson fixtures, the UI.
-NOT_FOR_EXACT = ("mplab.data", "mplab.models", "mplab.train", "mplab.lessons", "mplab.lab",
-                 "mplab.diagnosis", "mplab.widgets",
-                 "mplab.exercises", "mplab.grade")
+NOT_FOR_EXACT = ("mplab.data", "mplab.models", "mplab.train", "mplab.fixtures",
+                 "mplab.diagnosis", "mplab.widgets", "mplab.exercises", "mplab.grade")
 
 
 def module_name(path: Path) -> str:
@@ -85,11 +101,31 @@ IMPORTS = {name: imports(name, tree) for name, tree in TREES.items()}
 
 
 def test_every_module_is_read():
-    assert {"mplab.casts", "mplab.capture", "mplab.failures", "mplab.lessons", "mplab.formats",
-            "mplab.widgets.lesson2", "mplab.exercises.lesson2", "mplab.train.torch_path"} <= set(
-        MODULES)
+    assert {"mplab.numerics.casts", "mplab.amp.capture", "mplab.numerics.failures",
+            "mplab.fixtures", "mplab.numerics.formats", "mplab.widgets.lesson2",
+            "mplab.exercises.lesson2", "mplab.train.torch_path"} <= set(MODULES)
     assert "mplab.ranges" not in MODULES
-    assert "mplab.lessons" in IMPORTS["mplab.exercises.lesson2"]
+    assert "mplab.fixtures" in IMPORTS["mplab.exercises.lesson2"]
+
+
+def floor(name: str) -> int:
+    """The floor of a module: that of the longest entry of FLOORS it is within."""
+    if name == "mplab":
+        return len(FLOORS) - 1
+    found = [(len(entry), i) for i, entries in enumerate(FLOORS) for entry in entries
+             if within(name, entry)]
+    assert found, f"{name} is on no floor: add its package to FLOORS (and ARCHITECTURE.md)"
+    return max(found)[1]
+
+
+def test_every_module_is_on_a_floor():
+    for name in MODULES:
+        floor(name)
+
+
+def test_no_module_imports_from_a_floor_above_its_own():
+    wrong = sorted((m, i) for m, found in IMPORTS.items() for i in found if floor(i) > floor(m))
+    assert not wrong, f"imports reaching up a floor (ARCHITECTURE.md): {wrong}"
 
 
 def test_nothing_in_the_library_imports_a_widget_or_an_exercise():
@@ -166,7 +202,7 @@ def test_notebooks_use_only_public_names_of_mplab(path):
 
 
 def package_of(name: str) -> str:
-    """The floor a module belongs to: `mplab.train.run` -> `mplab.train`, `mplab.audit` itself."""
+    """The package a module belongs to: `mplab.train.run` -> `mplab.train`, `mplab.data` itself."""
     return ".".join(name.split(".")[:2])
 
 
@@ -214,3 +250,52 @@ def test_no_packages_import_each_other_in_a_circle():
         graph.setdefault(package_of(m), set()).update(
             package_of(i) for i in found if package_of(i) != package_of(m))
     assert not circles(graph), f"packages in an import circle: {circles(graph)}"
+
+
+def test_every_module_says_what_it_exports():
+    missing = [name for name, tree in TREES.items() if not any(
+        isinstance(n, ast.Assign | ast.AnnAssign) and "__all__" in
+        [t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+         if isinstance(t, ast.Name)] for n in tree.body)]
+    assert not missing, f"modules without __all__: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n, p in MODULES.items()
+                                        if p.name != "__main__.py"))
+def test_every_exported_name_exists(name):
+    module = importlib.import_module(name)
+    absent = [n for n in module.__all__ if not hasattr(module, n) and not is_module(f"{name}.{n}")]
+    assert not absent, f"{name}.__all__ names what it does not have: {absent}"
+
+
+def exported(module: str, name: str) -> bool:
+    """Whether `from module import name` takes something the module exports: a name in its
+    __all__, or a public module of its package."""
+    if is_module(f"{module}.{name}"):
+        return not name.startswith("_")
+    return name in getattr(importlib.import_module(module), "__all__", ())
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_import_only_exported_names(path):
+    nb = nbformat.read(path, as_version=4)
+    tree = ast.parse("\n".join(c.source for c in nb.cells if c.cell_type == "code"))
+    taken = [(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+             and n.module and within(n.module, "mplab") for a in n.names]
+    aliases = module_aliases(tree, lambda n: n.module if n.module and within(n.module, "mplab")
+                             else None)
+    used = [(aliases[n.value.id], n.attr) for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id in aliases]
+    wrong = sorted({f"{m}.{n}" for m, n in taken + used if not exported(m, n)})
+    assert not wrong, f"{path.name} uses names mplab does not export: {wrong}"
+
+
+def test_the_package_root_holds_a_handful_of_modules():
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= 10, f"{len(root)} modules at mplab's root: {root}"
+
+
+def test_no_module_is_over_600_lines():
+    long = {name: n for name, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, f"modules over 600 lines (one holds two ideas): {long}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mplab import lowbit
-from mplab.lessons import lesson_capture
+from mplab.fixtures import lesson_capture
 
 LAYER = "bert.encoder.layer.0.intermediate.dense"
 
@@ -95,7 +95,7 @@ def test_the_plot_marks_the_formats_range(tensors):
 
 
 def test_the_delayed_table_is_delayed_scalings_own_run():
-    from mplab.quantize import DelayedScaling
+    from mplab.lowbit.quantize import DelayedScaling
 
     steps = [torch.full((8,), v) for v in (1.0, 3.0, 1.0)]
     rows = lowbit.delayed_table(steps, history_len=2, margins=(0, 1)).rows

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from mplab import microscaling as M
-from mplab import quantize as Q
-from mplab.lessons import lesson_capture
+from mplab.fixtures import lesson_capture
+from mplab.lowbit import microscaling as M
+from mplab.lowbit import quantize as Q
 
 TORCHAO = Q.load_torchao()
 from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8  # noqa: E402

@@ -1,4 +1,4 @@
-"""mplab.scaler.GradScaler against torch.amp.GradScaler, run side by side in lockstep.
+"""mplab.amp.scaler.GradScaler against torch.amp.GradScaler, run side by side in lockstep.
 
 Every test drives two identical setups, one with torch's scaler and one with mplab's, through the
 same calls, and asserts that the scales, growth trackers, skip decisions, parameters (bit for bit)
@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-import mplab.scaler
-from mplab.scaler import GradScaler, UpdateRecord
+import mplab.amp.scaler
+from mplab.amp.scaler import GradScaler, UpdateRecord
 
 TorchScaler = torch.amp.GradScaler
 
@@ -752,7 +752,7 @@ def test_history_records_each_update():
 
 
 def test_history_is_flushed_in_batches(monkeypatch):
-    monkeypatch.setattr(mplab.scaler, "HISTORY_FLUSH", 3)
+    monkeypatch.setattr(mplab.amp.scaler, "HISTORY_FLUSH", 3)
     scaler = GradScaler("cpu", growth_interval=1)
     p = nn.Parameter(torch.ones(1))
     for _ in range(7):
@@ -765,5 +765,5 @@ def test_history_is_flushed_in_batches(monkeypatch):
 
 
 def test_scaler_source_uses_no_private_amp_kernels():
-    source = inspect.getsource(mplab.scaler)
+    source = inspect.getsource(mplab.amp.scaler)
     assert "torch._amp" not in source and "torch._C" not in source

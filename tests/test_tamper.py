@@ -119,8 +119,8 @@ def test_a_forged_log_scores_nothing_and_is_flagged(tmp_path):
 
 
 # 1.5 answered with a table of the public patterns' values: right there, and nowhere else
-PUBLIC_ONLY_1_5 = """import mplab.formats as F
-TABLE = {bits: F.from_bits(bits, F.get_format("fp16")) for bits in
+PUBLIC_ONLY_1_5 = """from mplab.numerics import formats
+TABLE = {bits: formats.from_bits(bits, formats.get_format("fp16")) for bits in
          [0x3C00, 0xC000, 0x3555, 0x7BFF, 0x0400, 0x0000, 0x8000, 0x0001, 0x03FF, 0x7C00,
           0xFC00, 0x7E00]}
 def decode(bits, exp_bits, man_bits, bias):

@@ -1,4 +1,4 @@
-"""mplab.trace against what torch really does under CPU autocast (references computed here)."""
+"""mplab.amp.trace against what torch really does under CPU autocast (references computed here)."""
 
 import time
 
@@ -9,7 +9,7 @@ from torch import nn
 from torch.overrides import _get_current_function_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from mplab.trace import (
+from mplab.amp.trace import (
     CAST,
     EXPLICIT_CAST,
     FP32,

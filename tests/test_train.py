@@ -16,13 +16,13 @@ from conftest import COURSE_STEPS  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 
 from mplab import models  # noqa: E402
-from mplab.scaler import GradScaler as MplabGradScaler  # noqa: E402
+from mplab.amp.scaler import GradScaler as MplabGradScaler  # noqa: E402
 from mplab.train import (  # noqa: E402
     NonFiniteLossError,
     TrainConfig,
     TrainResult,
     TrainWarning,
-    common,
+    errors,
     train,
 )
 from mplab.train.watch import StepCounter  # noqa: E402
@@ -84,9 +84,9 @@ def test_the_slow_precision_warning_says_why_on_each_kind_of_cpu(machine, monkey
     from mplab.hardware import MatmulTiming, no_units_reason
 
     seconds = {"fp32": 1e-3, "fp16": ratio * 1e-3}
-    monkeypatch.setattr(common, "time_matmul", lambda n, p, device, **kw: MatmulTiming(
+    monkeypatch.setattr(errors, "time_matmul", lambda n, p, device, **kw: MatmulTiming(
         p, n, "cpu", seconds[p], 1, seconds[p]))
-    cost = common.low_precision_cost("fp16", torch.device("cpu"))
+    cost = errors.low_precision_cost("fp16", torch.device("cpu"))
     if ratio < 1.5:
         assert cost is None
         return
@@ -311,13 +311,13 @@ def test_cuda_without_a_gpu_is_a_clear_error():
 
 
 def test_bf16_on_a_gpu_without_bf16_units_names_the_gpu_and_the_alternatives(monkeypatch):
-    monkeypatch.setattr(common, "_cuda_bf16", lambda device: False)
+    monkeypatch.setattr(errors, "_cuda_bf16", lambda device: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
     with pytest.raises(ValueError, match=r"Tesla V100 has no bf16 support .*'fp16'"):
-        common.check_precision("bf16", torch.device("cuda", 0))
-    common.check_precision("fp16", torch.device("cuda", 0))  # fine
-    common.check_precision("fp16", torch.device("cpu"))  # fine too: CPU GradScaler, torch 2.3
+        errors.check_precision("bf16", torch.device("cuda", 0))
+    errors.check_precision("fp16", torch.device("cuda", 0))  # fine
+    errors.check_precision("fp16", torch.device("cpu"))  # fine too: CPU GradScaler, torch 2.3
 
 
 def test_the_config_is_one_record_with_the_clis_names():

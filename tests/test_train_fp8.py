@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from mplab import models
 from mplab.diagnosis import diagnose
-from mplab.quantize import load_torchao, tensorwise
+from mplab.lowbit.quantize import load_torchao, tensorwise
 from mplab.train import TrainResult, fp8, qdq
 
 HEALTHY_FP8 = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "mplab")

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mplab import plan
 from mplab.exercises import lesson8
-from mplab.train import TrainConfig, train
+from mplab.train import TrainConfig, plan, train
 from mplab.train.launch import run_across, train_across
 
 QUICK = dict(model="lesson-pretrained", warmup_steps=0, eval_samples=64, progress=False)

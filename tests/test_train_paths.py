@@ -75,7 +75,7 @@ def test_with_accumulation_and_clipping_the_trainer_takes_the_torch_paths_steps(
 def test_every_path_decays_the_parameters_the_trainer_decays():
     from transformers import Trainer
 
-    from mplab.train.common import decay_groups
+    from mplab.train.run import decay_groups
 
     for model in (models.lesson_model(), models.load_pretrained(models.minilm_path())[0]):
         decayed = set(Trainer.get_decay_parameter_names(None, model))

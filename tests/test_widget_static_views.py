@@ -8,17 +8,18 @@ import html
 import ipywidgets as widgets
 import pytest
 
-from mplab import lab, lessons
+from mplab import fixtures
+from mplab.diagnosis import lab
 from mplab.widgets._common import StaticView, static_html
 from mplab.widgets.lesson1 import precision_explorer
 from mplab.widgets.lesson2 import loss_scale_explorer, swamping_demo
 from mplab.widgets.lesson3 import scaler_stepper
-from mplab.widgets.lesson4 import training_panel
 from mplab.widgets.lesson7 import failure_lab
+from mplab.widgets.training import training_panel
 
 WIDGETS = {
     "precision explorer": lambda: precision_explorer(0.1),
-    "loss-scale explorer": lambda: loss_scale_explorer(lessons.lesson_capture()),
+    "loss-scale explorer": lambda: loss_scale_explorer(fixtures.lesson_capture()),
     "swamping demo": lambda: swamping_demo(),
     "scaler stepper": lambda: scaler_stepper(),
     "failure lab": lambda: failure_lab("no_scaler"),

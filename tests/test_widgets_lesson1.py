@@ -1,6 +1,6 @@
 """The precision explorer, driven from Python as a learner drives it in the browser.
 
-Every expected number comes from mplab.formats; the widget must agree with it."""
+Every expected number comes from mplab.numerics.formats; the widget must agree with it."""
 
 import io
 import math
@@ -15,8 +15,8 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
-from mplab import explain, lessons, plots
-from mplab import formats as F
+from mplab import fixtures, plots
+from mplab.numerics import explain, formats
 from mplab.widgets import lesson1
 from mplab.widgets.lesson1 import precision_explorer
 
@@ -34,11 +34,11 @@ def shown_bits(explorer, fmt: str) -> str:
     return "".join(buttons[i].description for i in sorted(buttons, reverse=True))
 
 
-def assert_rows_show(explorer, x: float, names=F.FORMATS) -> None:
+def assert_rows_show(explorer, x: float, names=formats.FORMATS) -> None:
     for name in names:
-        bits = F.to_bits(x, name)
-        assert shown_bits(explorer, name) == format(bits, f"0{F.get_format(name).bits}b"), name
-        assert f"= {F.from_bits(bits, name)!r}" in explorer.rows[name].value.value, name
+        bits = formats.to_bits(x, name)
+        assert shown_bits(explorer, name) == format(bits, f"0{formats.get_format(name).bits}b"), name
+        assert f"= {formats.from_bits(bits, name)!r}" in explorer.rows[name].value.value, name
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def explorer():
 
 def test_starts_at_its_value_with_every_format_in_bits(explorer):
     assert explorer.value == 0.1
-    assert list(explorer.rows) == list(F.FORMATS)
+    assert list(explorer.rows) == list(formats.FORMATS)
     assert_rows_show(explorer, 0.1)
     assert explorer.text.value == "0.1"
     assert "could not" not in explorer.message.value
@@ -67,19 +67,19 @@ def test_bit_boxes_are_coloured_by_field_and_findable_by_class(explorer):
 
 def test_flipping_fp16_sign_bit_negates_the_fp16_value(explorer):
     explorer.rows["fp16"].buttons[15].click()
-    assert explorer.value == -F.round_to(0.1, "fp16")
+    assert explorer.value == -formats.round_to(0.1, "fp16")
     assert_rows_show(explorer, explorer.value)
     assert explorer.text.value == repr(explorer.value)
 
 
-@pytest.mark.parametrize("fmt", list(F.FORMATS))
+@pytest.mark.parametrize("fmt", list(formats.FORMATS))
 def test_flipping_an_exponent_bit_gives_the_value_of_the_flipped_pattern(fmt):
-    f = F.get_format(fmt)
+    f = formats.get_format(fmt)
     for bit in (f.man_bits, f.bits - 2):  # lowest and highest exponent bit
         explorer = precision_explorer(0.1)
         explorer.rows[fmt].buttons[bit].click()
-        flipped = F.to_bits(0.1, fmt) ^ (1 << bit)
-        assert same(explorer.value, F.from_bits(flipped, fmt))
+        flipped = formats.to_bits(0.1, fmt) ^ (1 << bit)
+        assert same(explorer.value, formats.from_bits(flipped, fmt))
         assert explorer.rows[fmt].bits == flipped
 
 
@@ -88,7 +88,7 @@ def test_flipping_into_nan_keeps_the_clicked_pattern_and_flipping_back_undoes_it
     explorer.rows["fp16"].buttons[0].click()  # 0 11111 0000000000 -> 0 11111 0000000001
     assert math.isnan(explorer.value)
     assert explorer.rows["fp16"].bits == 0x7C01
-    assert shown_bits(explorer, "fp32") == format(F.to_bits(math.nan, "fp32"), "032b")
+    assert shown_bits(explorer, "fp32") == format(formats.to_bits(math.nan, "fp32"), "032b")
     explorer.rows["fp16"].buttons[0].click()
     assert explorer.value == math.inf
 
@@ -110,14 +110,14 @@ def test_e4m3_nan_pattern_is_handled(explorer):
 
 @pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp8_e5m2", "fp32"])
 def test_step_buttons_move_to_the_neighbours_in_that_format(explorer, fmt):
-    stored = F.round_to(0.1, fmt)
+    stored = formats.round_to(0.1, fmt)
     explorer.rows[fmt].up.click()
-    assert explorer.value == F.next_up(stored, fmt)
+    assert explorer.value == formats.next_up(stored, fmt)
     explorer.rows[fmt].down.click()
     assert explorer.value == stored
     explorer.rows[fmt].down.click()
-    assert explorer.value == F.next_down(stored, fmt)
-    assert F.to_bits(explorer.value, fmt) == F.to_bits(stored, fmt) - 1
+    assert explorer.value == formats.next_down(stored, fmt)
+    assert formats.to_bits(explorer.value, fmt) == formats.to_bits(stored, fmt) - 1
 
 
 def test_stepping_past_the_largest_finite_number(explorer):
@@ -137,7 +137,7 @@ def test_stepping_past_the_largest_finite_number(explorer):
 @pytest.mark.parametrize("text", ["0.1", "1e-8", "1/3", "2**-24", "pi", "-65504", "inf"])
 def test_typed_numbers_are_read_by_parse_number(explorer, text):
     explorer.text.value = text
-    assert explorer.value == float(F.parse_number(text))
+    assert explorer.value == float(formats.parse_number(text))
     assert explorer.text.value == text
     assert explorer.message.value.count("could not") == 0
     assert_rows_show(explorer, explorer.value)
@@ -187,7 +187,7 @@ def test_the_weight_preset_is_an_initialised_linear_layer_weight(explorer):
     assert "nn.Linear(768, 768)" in label and "initialised" in label
     torch.manual_seed(0)
     assert float(text) == torch.nn.Linear(768, 768).weight[0, 0].item()
-    assert float(text) == lessons.layer_weight()
+    assert float(text) == fixtures.layer_weight()
     explorer.preset.value = text
     assert explain.decompose(explorer.value, "fp32").abs_error == 0  # a weight already is fp32
 
@@ -207,14 +207,14 @@ def test_setting_value_from_python_updates_every_row(explorer):
 
 def test_table_shows_stored_value_kind_errors_and_ulp(explorer):
     explorer.text.value = "1e-8"
-    assert [r["format"] for r in explorer.table_rows] == list(F.FORMATS)
-    for name, row in zip(F.FORMATS, explorer.table_rows):
+    assert [r["format"] for r in explorer.table_rows] == list(formats.FORMATS)
+    for name, row in zip(formats.FORMATS, explorer.table_rows):
         d = explain.decompose(1e-8, name)
         assert row == explain.stored_row(1e-8, d, name)
         assert row["stored value, exactly"] == explain.exact_decimal(d.value)
-        assert row["bits"] == F.to_bits(1e-8, name)
+        assert row["bits"] == formats.to_bits(1e-8, name)
         for cell in (row["stored value, exactly"], d.kind, f"{d.rel_error:.3g}",
-                     f"{F.ulp(d.value, name):.3g}"):
+                     f"{formats.ulp(d.value, name):.3g}"):
             assert cell in explorer.table.value, (name, cell)  # what the learner reads
     assert {r["format"] for r in explorer.table_rows if r["note"] == "underflow: became 0"} == {
         "fp16", "fp8_e4m3", "fp8_e5m2"}
@@ -242,8 +242,8 @@ def test_plot_image_follows_the_value(explorer):
 
 # --- every format of ALL_FORMATS: lesson 9's below 8 bits and the e8m0 scale --------------------
 
-ALL = list(F.ALL_FORMATS)
-NEW = list(F.LOW_BIT_FORMATS)
+ALL = list(formats.ALL_FORMATS)
+NEW = list(formats.LOW_BIT_FORMATS)
 ML_DTYPES = {"fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "fp8_e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
              "fp6_e3m2": ml_dtypes.float6_e3m2fn, "fp6_e2m3": ml_dtypes.float6_e2m3fn,
              "fp4_e2m1": ml_dtypes.float4_e2m1fn, "e8m0": ml_dtypes.float8_e8m0fnu}
@@ -252,7 +252,7 @@ ML_DTYPES = {"fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "fp8_e5m2fnuz": ml_dtype
 def library_cast(x: float, name: str) -> float:
     """What a library stores for the double x: torch's cast where torch has the dtype (the
     formats follow it), ml_dtypes' where it has not (fp4, fp6)."""
-    f = F.get_format(name)
+    f = formats.get_format(name)
     if f.torch_dtype:
         return torch.tensor([x], dtype=torch.float64).to(f.dtype()).double().item()
     return float(np.float64(x).astype(ML_DTYPES[name]))
@@ -265,7 +265,7 @@ def library_value(bits: int, name: str) -> float:
 
 @pytest.fixture
 def everything():
-    return precision_explorer(0.1, F.ALL_FORMATS)
+    return precision_explorer(0.1, formats.ALL_FORMATS)
 
 
 def test_over_all_formats_each_row_shows_what_the_cast_stores(everything):
@@ -274,7 +274,7 @@ def test_over_all_formats_each_row_shows_what_the_cast_stores(everything):
     for name in ALL[2:]:  # tf32 is a matmul mode: no library casts to it
         assert f"= {library_cast(0.1, name)!r}" in everything.rows[name].value.value, name
     for name in NEW:
-        assert sorted(everything.rows[name].buttons) == list(range(F.get_format(name).bits))
+        assert sorted(everything.rows[name].buttons) == list(range(formats.get_format(name).bits))
     assert [r["format"] for r in everything.table_rows] == ALL
     for name, row in zip(ALL, everything.table_rows):
         assert row == explain.stored_row(0.1, explain.decompose(0.1, name), name)
@@ -309,12 +309,12 @@ def test_typing_448_5_shows_fnuz_nan_e4m3_saturated_and_fp4_at_its_top(everythin
 @pytest.mark.parametrize("text", ["-2", "0", "7", "1e-8", "1/3", "-65504", "inf", "nan"])
 def test_typed_numbers_update_every_row_of_all_formats(everything, text):
     everything.text.value = text
-    x = float(F.parse_number(text))
+    x = float(formats.parse_number(text))
     assert same(everything.value, x)
     assert_rows_show(everything, x, ALL)
     for name in ALL[2:]:
         assert f"= {library_cast(x, name)!r}" in everything.rows[name].value.value, name
-    assert [r["bits"] for r in everything.table_rows] == [F.to_bits(x, n) for n in ALL]
+    assert [r["bits"] for r in everything.table_rows] == [formats.to_bits(x, n) for n in ALL]
 
 
 def test_e8m0_has_no_sign_bit_and_fp4_has_one_of_its_four(everything):
@@ -329,7 +329,7 @@ def test_e8m0_has_no_sign_bit_and_fp4_has_one_of_its_four(everything):
     assert [field_of(fp4, b) for b in (3, 2, 1, 0)] == ["sign", "exponent", "exponent",
                                                         "mantissa"]
     everything.value = -2.0  # e8m0 drops the sign, as torch's cast does
-    assert shown_bits(everything, "e8m0") == format(F.to_bits(2.0, "e8m0"), "08b")
+    assert shown_bits(everything, "e8m0") == format(formats.to_bits(2.0, "e8m0"), "08b")
     assert "= 2.0" in e8m0.value.value and library_cast(-2.0, "e8m0") == 2.0
 
 
@@ -351,7 +351,7 @@ def test_fnuz_has_no_negative_zero_its_pattern_is_the_nan(everything):
 @pytest.mark.parametrize("name", NEW)
 def test_flipping_any_bit_of_a_new_format_gives_the_value_of_that_pattern(everything, name):
     for start in (1.0, 0.1, -3.0):
-        for bit in range(F.get_format(name).bits):
+        for bit in range(formats.get_format(name).bits):
             everything.value = start
             before = everything.rows[name].bits
             everything.rows[name].buttons[bit].click()
@@ -392,7 +392,7 @@ def test_stepping_below_the_smallest_e8m0_stays_it_has_no_zero(everything):
     assert everything.value == library_value(1, "e8m0") == 2 * smallest
     everything.value = 0.1  # stored 0.125; the next power of two up
     everything.rows["e8m0"].up.click()
-    assert everything.value == library_value(F.to_bits(0.1, "e8m0") + 1, "e8m0") == 0.25
+    assert everything.value == library_value(formats.to_bits(0.1, "e8m0") + 1, "e8m0") == 0.25
 
 
 def test_fnuz_steps_past_its_top_into_its_nan(everything):
@@ -403,13 +403,13 @@ def test_fnuz_steps_past_its_top_into_its_nan(everything):
 
 
 def test_the_plot_over_all_formats_draws_each_of_them(everything):
-    fig = plots.ulp_plot(0.1, F.ALL_FORMATS, pyplot=False)
+    fig = plots.ulp_plot(0.1, formats.ALL_FORMATS, pyplot=False)
     lines = lines_by_gid(fig.axes[0])
     for name in ALL:
-        f = F.get_format(name)
+        f = formats.get_format(name)
         xs, ys = (list(a) for a in lines[f"ulp-{name}"].get_data())
         assert xs[0] == float(f.min_subnormal) and xs[-1] == float(f.max_finite), name
-        assert ys == [F.ulp(x, name) for x in xs], name
+        assert ys == [formats.ulp(x, name) for x in xs], name
     first = everything.plot.value
     assert Image.open(io.BytesIO(first)).format == "PNG"
     everything.value = 3e30  # past every format but fp32, bf16 and e8m0
@@ -429,7 +429,7 @@ def test_the_standalone_notebook_explores_all_formats_and_lesson_1_the_six():
                 and "precision_explorer(" in c.source and "import" not in c.source)
     ns = {"precision_explorer": precision_explorer}
     exec(cell.source, ns)
-    assert list(ns["explorer"].rows) == list(F.FORMATS)
+    assert list(ns["explorer"].rows) == list(formats.FORMATS)
 
 
 # --- plots.ulp_plot --------------------------------------------------------------------------
@@ -442,21 +442,21 @@ def test_ulp_plot_draws_each_format_as_a_staircase_of_its_ulps():
     fig = plots.ulp_plot(0.1, pyplot=False)
     whole, closeup = fig.axes
     lines = lines_by_gid(whole)
-    for name, f in F.FORMATS.items():
+    for name, f in formats.FORMATS.items():
         xs, ys = (list(a) for a in lines[f"ulp-{name}"].get_data())
         assert xs[0] == float(f.min_subnormal) and xs[-1] == float(f.max_finite)
-        assert ys == [F.ulp(x, name) for x in xs]
+        assert ys == [formats.ulp(x, name) for x in xs]
         for attr in ("min_subnormal", "min_normal", "max_finite"):  # underflow / overflow edges
             assert lines[f"edge-{name}-{attr}"].get_xdata()[0] == float(getattr(f, attr))
     lo, hi = closeup.get_xlim()
-    assert lo < float(F.FORMATS["fp16"].min_subnormal) and hi > float(F.FORMATS["fp16"].max_finite)
+    assert lo < float(formats.FORMATS["fp16"].min_subnormal) and hi > float(formats.FORMATS["fp16"].max_finite)
 
 
 def test_ulp_plot_marks_x_on_every_curve_that_holds_it():
     fig = plots.ulp_plot(1e-8, pyplot=False)
     lines = lines_by_gid(fig.axes[0])
     assert list(lines["ulp-marker-line"].get_xdata()) == [1e-8, 1e-8]
-    assert list(lines["ulp-marker-fp32"].get_data()) == [[1e-8], [F.ulp(1e-8, "fp32")]]
+    assert list(lines["ulp-marker-fp32"].get_data()) == [[1e-8], [formats.ulp(1e-8, "fp32")]]
     assert list(lines["ulp-marker-fp16"].get_xdata()) == []  # 1e-8 underflows in fp16
 
 

@@ -1,18 +1,18 @@
 """Lesson 2's widgets, driven from Python as a learner drives them in the browser.
 
 Every number a widget shows is compared with direct torch casts of the same tensors, or with
-mplab.casts and mplab.failures where the reference is a sum or a run of steps."""
+mplab.numerics.casts and mplab.numerics.failures where the reference is a sum or a run of steps."""
 
 import re
 
 import pytest
 import torch
 
-from mplab.capture import Capture, capture
-from mplab.casts import largest_safe_scale
-from mplab.failures import swamping_run
-from mplab.formats import dtype_of
+from mplab.amp.capture import Capture, capture
 from mplab.models import lesson_model
+from mplab.numerics.casts import largest_safe_scale
+from mplab.numerics.failures import swamping_run
+from mplab.numerics.formats import dtype_of
 from mplab.widgets import lesson2
 from mplab.widgets.lesson2 import loss_scale_explorer, swamping_demo
 
@@ -114,13 +114,13 @@ def test_a_failure_inside_a_callback_is_shown_not_raised(cap, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("the plot broke")
 
-    monkeypatch.setattr(lesson2.cast_plots, "exponent_histogram_plot", broken)
+    monkeypatch.setattr(lesson2.plots, "exponent_histogram_plot", broken)
     explorer.slider.value = 5  # must not raise into the kernel
     assert "RuntimeError: the plot broke" in explorer.message.value
 
 
 @pytest.mark.parametrize("bad, error, words", [
-    ({"capture": "grads"}, TypeError, "mplab.capture.capture"),
+    ({"capture": "grads"}, TypeError, "mplab.amp.capture.capture"),
     ({"kind": "gradients"}, ValueError, "'activation_grads'"),
     ({"precision": "fp32"}, ValueError, "'fp16'"),
     ({"precision": "fp17"}, ValueError, "fp17"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mplab import plots
-from mplab.lessons import ScalerRun
+from mplab.fixtures import ScalerRun
 from mplab.widgets import lesson3
 from mplab.widgets.lesson3 import scaler_stepper
 

@@ -9,7 +9,7 @@ import torch
 
 from mplab.train import NonFiniteLossError, TrainResult, train
 from mplab.widgets import lesson4
-from mplab.widgets.lesson4 import training_panel
+from mplab.widgets.training import training_panel
 
 TINY = {"batch_size": 8, "eval_samples": 16, "warmup_steps": 0}
 

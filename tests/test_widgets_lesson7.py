@@ -1,6 +1,6 @@
 """Lesson 7's failure lab, driven from Python as a learner drives it in the browser.
 
-The reference is mplab.lab and mplab.diagnose called directly: the widget must show what they
+The reference is mplab.diagnosis.lab and mplab.diagnose called directly: the widget must show what they
 say, and decide "fixed" by whether diagnose still finds the failure's cause."""
 
 import dataclasses
@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from mplab import diagnose, lab
-from mplab.diagnosis import CAUSES, Diagnosis, Finding
+from mplab import diagnose
+from mplab.diagnosis import CAUSES, Diagnosis, Finding, lab
 from mplab.train import NonFiniteLossError, TrainResult
 from mplab.widgets.lesson7 import failure_lab, verdict
 
@@ -164,7 +164,7 @@ def test_bad_input_is_a_clear_error(bad, words):
 
 
 def test_the_figure_draws_what_tells_each_failure_apart():
-    from mplab import lab
+    from mplab.diagnosis import lab
     from mplab.widgets.lesson7 import _telling, runs_figure
 
     no_scaler = {"broken": lab.run("no_scaler", steps=4),

@@ -1,9 +1,9 @@
-"""Lesson 8's planner widget: what it shows is mplab.plan's, and a setting it refuses is said
+"""Lesson 8's planner widget: what it shows is mplab.train.plan's, and a setting it refuses is said
 in the widget, never raised into the kernel."""
 
 import pytest
 
-from mplab import plan
+from mplab.train import plan
 from mplab.widgets import lesson8
 from mplab.widgets._common import static_html
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mplab import lowbit
-from mplab.lessons import lesson_capture
+from mplab.fixtures import lesson_capture
 from mplab.widgets import lesson9
 from mplab.widgets._common import static_html
 

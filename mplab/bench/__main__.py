@@ -29,6 +29,8 @@ from .quantizers import PRESETS, quantizer_record, quantizer_speed, quantizer_ta
 from .record import cli_command, finite, record_table, run_plan
 from .sweep import Plan
 
+__all__: list[str] = []
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mplab.bench",

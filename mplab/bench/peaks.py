@@ -7,6 +7,9 @@ measured on this machine in that precision (`python -m mplab.bench` times a matm
 
 from __future__ import annotations
 
+__all__ = ["DATASHEET_TFLOPS", "datasheet_gpu", "datasheet_peak", "matmul_parameters",
+           "training_flops", "mfu"]
+
 #: Datasheet peaks in TFLOP/s, dense (without 2:4 sparsity), by GPU.
 _HOPPER_SXM = {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}
 DATASHEET_TFLOPS = {

@@ -10,6 +10,8 @@ from mplab.plots import FORMAT_COLORS, new_figure
 
 from .record import machine_name
 
+__all__ = ["bench_plot"]
+
 #: One marker (and size) per precision, so that two precisions with equal memory both show.
 _MARKERS = {"fp32": ("o", 6), "tf32": ("D", 6), "bf16": ("s", 8), "fp16": ("^", 5)}
 _PAYS = "above the line: it pays"

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mplab import microscaling, quantize
 from mplab._display import Table
+from mplab.lowbit import microscaling, quantize
 
 __all__ = ["quantizer_speed", "quantizer_recipes", "quantizer_note", "quantizer_record",
            "quantizer_table", "Recipe", "RECIPES", "TARGET_RATIO", "PRESETS"]

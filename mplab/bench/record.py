@@ -30,6 +30,9 @@ from .peaks import datasheet_gpu
 from .sweep import BenchRow, Plan, best_gflops, matmul_sweep, model_sweep
 from .why import crossover, explain_row, targets
 
+__all__ = ["lesson_bench", "run_plan", "measure", "explain", "record", "meta", "cli_command",
+           "finite", "machine_name", "record_table"]
+
 _REPO = Path(__file__).resolve().parents[2]
 
 

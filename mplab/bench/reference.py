@@ -19,6 +19,9 @@ from pathlib import Path
 from mplab._display import Table
 from mplab.data import DATA_DIR
 
+__all__ = ["REFERENCE_DIR", "ROW_KEYS", "META_KEYS", "reference_results", "reference_filename",
+           "reference_label", "compare_with_reference", "explain_reference"]
+
 REFERENCE_DIR = DATA_DIR / "reference"
 ROW_KEYS = ("workload", "kind", "precision", "throughput", "unit", "speedup_vs_fp32")
 META_KEYS = ("date", "device", "torch", "preset", "command")

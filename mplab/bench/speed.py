@@ -17,6 +17,9 @@ from mplab.hardware import (
     time_matmul,
 )
 
+__all__ = ["matmul_speed", "explain_matmul_speed", "LESSON_SIZE", "BIGGER_SIZE", "training_speed",
+           "model_shape", "explain_training_speed", "size_effect"]
+
 
 def matmul_speed(n: int | None = None, precisions=("fp32", "bf16", "fp16"), device="auto",
                  budget_s: float = 0.5) -> Table:

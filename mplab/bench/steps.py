@@ -17,11 +17,13 @@ import time
 import torch
 
 from mplab._display import Table
-from mplab.formats import dtype_of
 from mplab.hardware import has_units, no_units_reason, resolve_device, synchronize
+from mplab.numerics.formats import dtype_of
 from mplab.train import PRECISIONS
 
 from .why import BEATS
+
+__all__ = ["FORWARD_BACKWARD", "SCALER_PASS", "step_costs", "explain_step_costs"]
 
 FORWARD_BACKWARD = "forward and backward (ms)"
 SCALER_PASS = "GradScaler unscale_ and update (ms)"

@@ -20,6 +20,9 @@ from mplab.hardware import has_units, resolve_device, runs_fast, time_matmul
 from .peaks import datasheet_gpu, datasheet_peak, matmul_parameters, mfu, training_flops
 from .speed import model_shape
 
+__all__ = ["BenchRow", "Plan", "tf32", "matmul_sweep", "best_gflops", "model_sweep", "train_row",
+           "cpu_peak", "CpuMemoryProbe", "memory_changes", "peak_live_bytes"]
+
 
 @dataclass
 class BenchRow:

@@ -7,6 +7,8 @@ from mplab.hardware import no_units_reason
 
 from .sweep import BenchRow
 
+__all__ = ["BEATS", "CPU_BF16_TARGET", "explain_row", "crossover", "targets"]
+
 #: "Beats fp32" means at least this speed-up: a shared machine's timings wander by a few %.
 BEATS = 1.1
 #: The issue's targets: bf16 through mplab.train on the largest CPU size, on a GPU's big model.

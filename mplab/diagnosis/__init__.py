@@ -12,9 +12,9 @@ audit (which dtypes really ran). Each `Finding` says the cause, the evidence in 
 numbers, and the fix. The checks run in order of harm; a run with none is reported healthy.
 
 What other modules tell it comes as codes, never as their sentences: the audit's fallback
-codes (`mplab.audit.FALLBACKS`), `TrainResult.stop_reason`, `TrainResult.path` (`OWN_LOOP`),
+codes (`mplab.amp.audit.FALLBACKS`), `TrainResult.stop_reason`, `TrainResult.path` (`OWN_LOOP`),
 a bench row's `has_units`. Each check declares the causes it can name (`@emits`); `CAUSES`
-is the one list of them, and `mplab.lab` reproduces each one a training run can show.
+is the one list of them, and `mplab.diagnosis.lab` reproduces each one a training run can show.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mplab.train.common import NonFiniteLossError
+from mplab.train.errors import NonFiniteLossError
 from mplab.train.result import TrainResult
 
 from .benches import BENCH_CHECKS, diagnose_bench
@@ -30,7 +30,7 @@ from .findings import CAUSES, SEVERITIES, Diagnosis, Finding, emits
 from .runs import RUN_CHECKS, diagnose_run
 
 __all__ = ["diagnose", "Diagnosis", "Finding", "CAUSES", "SEVERITIES", "emits", "RUN_CHECKS",
-           "BENCH_CHECKS"]
+           "BENCH_CHECKS", "lab"]  # lab (the failure lab) is imported on first use: it trains
 
 
 def diagnose(result) -> Diagnosis:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from .findings import SEVERITIES, Diagnosis, Finding, emits
 
+__all__ = ["diagnose_bench", "BENCH_CHECKS"]
+
 
 @emits("no_units", "too_small", "pays")
 def diagnose_bench(record: dict) -> Diagnosis:

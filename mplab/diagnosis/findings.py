@@ -6,6 +6,8 @@ from __future__ import annotations
 import html
 from dataclasses import asdict, dataclass, field
 
+__all__ = ["SEVERITIES", "CAUSES", "emits", "Finding", "Diagnosis"]
+
 SEVERITIES = ("broken", "warning", "note")
 
 #: Every cause diagnose can name, with a short title.

@@ -9,10 +9,12 @@ import statistics
 
 import torch
 
-from mplab.formats import dtype_name, get_format
+from mplab.numerics.formats import dtype_name, get_format
 from mplab.train.result import OWN_LOOP, TrainResult
 
 from .findings import SEVERITIES, Diagnosis, Finding, emits
+
+__all__ = ["diagnose_run", "RUN_CHECKS"]
 
 
 def diagnose_run(result: TrainResult) -> Diagnosis:
@@ -130,7 +132,7 @@ def _non_finite(r: TrainResult) -> list[Finding]:
                     "train in bf16 (fp32's exponent range, so the same activation fits), or "
                     "keep the block that overflows in fp32, an fp32 island: `with "
                     "torch.autocast(device, enabled=False): h = block(h.float())`. "
-                    "mplab.trace shows the largest activation of each layer")]
+                    "mplab.amp.trace shows the largest activation of each layer")]
 
 
 @emits("scaler_bypassed")
@@ -353,7 +355,7 @@ def _fp8_grads(r: TrainResult) -> list[Finding]:
                             "were not; layers left in high precision (a classifier) still "
                             "learn, so the loss falls, but later than a scaled recipe's")
         fixes.append("scale each gradient tensor into the format's range before the cast (scale "
-                     "= max / amax, as mplab.quantize.tensorwise and torchao's Float8Linear "
+                     "= max / amax, as mplab.lowbit.quantize.tensorwise and torchao's Float8Linear "
                      "do), and cast gradients to fp8_e5m2, whose range reaches 2^-16 where "
                      "e4m3's stops at 2^-9 (mplab.train.fp8.fp8_run('mplab'))")
     if high:
@@ -361,7 +363,7 @@ def _fp8_grads(r: TrainResult) -> list[Finding]:
         evidence.append(f"in a typical step {saturated:.2%} of the output-gradient values were "
                         f"past {fmt}'s largest value and were clamped to it")
         fixes.append("take the scale from the step's own amax (tensorwise or rowwise), or keep "
-                     "headroom: a longer amax history and a margin (mplab.quantize."
+                     "headroom: a longer amax history and a margin (mplab.lowbit.quantize."
                      "DelayedScaling(history_len=16, margin=1))")
     words = _loss_words(r)
     return [Finding("fp8_grad_scale", "broken" if low or saturated > 0.01 else "warning",
@@ -449,7 +451,7 @@ def _low_weights(r: TrainResult) -> list[Finding]:
                     "much smaller than the weight are lost", evidence,
                     "keep fp32 master weights (model.float(), or load_pretrained(..., "
                     "dtype=torch.float32), with autocast for the speed); or keep bf16 weights "
-                    "and compensate: mplab.bf16.LowPrecisionUpdate(optimizer, rounding='kahan') "
+                    "and compensate: mplab.numerics.bf16_updates.LowPrecisionUpdate(optimizer, rounding='kahan') "
                     "(+2 bytes a weight) or rounding='stochastic' with a seed (+0 bytes)")]
 
 

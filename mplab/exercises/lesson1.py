@@ -3,7 +3,7 @@
     from mplab.exercises import lesson1 as ex
     ex.check("1.1", answer); ex.hint("1.1"); ex.solution("1.1")
 
-Every reference answer is computed by :mod:`mplab.formats`; the wrong answers a learner is
+Every reference answer is computed by :mod:`mplab.numerics.formats`; the wrong answers a learner is
 likely to give (a forgotten bias, the reserved exponent, the smallest *normal*) are computed
 from the same fields, so each gets its own explanation.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 
-from mplab.exercises import (
+from mplab.exercises.framework import (
     Exercise,
     Incorrect,
     Lesson,
@@ -21,8 +21,11 @@ from mplab.exercises import (
     call,
     grade_seed,
 )
-from mplab.explain import decompose
-from mplab.formats import FORMATS, field_bits, from_bits, get_format
+from mplab.numerics.explain import decompose
+from mplab.numerics.formats import FORMATS, field_bits, from_bits, get_format
+
+__all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
+           "EXERCISES", "LESSON"]
 
 FP16 = get_format("fp16")
 
@@ -312,7 +315,7 @@ EXERCISES = {e.id: e for e in [
             "An fp16 pattern is three fields: 1 sign bit, 5 exponent bits, 10 mantissa bits. "
             "The exponent is stored with a bias, and a normal number has a hidden leading 1 in "
             "front of the mantissa.",
-            "print(mplab.explain.decompose(-1.5, \"fp16\")) shows the fields of a number you know "
+            "print(mplab.numerics.explain.decompose(-1.5, \"fp16\")) shows the fields of a number you know "
             "and the formula that turns them back into its value; get_format(\"fp16\").bias is "
             "the bias.",
             "sign = 1, exponent = 0b10010 = 18, mantissa = 0b1010000000 = 640, so the value is "
@@ -332,7 +335,7 @@ EXERCISES = {e.id: e for e in [
         hints=(
             "Largest finite: the exponent field as large as it can be while still meaning a "
             "number, and the mantissa as large as it can be.",
-            "The all-ones exponent field is reserved for inf and NaN. mplab.formats.from_bits("
+            "The all-ones exponent field is reserved for inf and NaN. mplab.numerics.formats.from_bits("
             "pattern, \"fp16\") decodes a pattern, so you can test a guess like "
             "from_bits(0b0_11110_0000000000, \"fp16\").",
             "The pattern is 0 11110 1111111111: (1 + 1023/1024) x 2^(30 - 15).",
@@ -350,7 +353,7 @@ EXERCISES = {e.id: e for e in [
         hints=(
             "The smallest normal number has exponent field 1. Below it, exponent field 0 gives "
             "the subnormals: no hidden 1, evenly spaced all the way down to zero.",
-            "A subnormal is 0.mantissa x 2^(1 - bias). mplab.formats.from_bits(bits, \"fp16\") "
+            "A subnormal is 0.mantissa x 2^(1 - bias). mplab.numerics.formats.from_bits(bits, \"fp16\") "
             "decodes any pattern, and get_format(\"fp16\") has .bias and .man_bits.",
             "Exponent field 00000 and the smallest nonzero mantissa, 0000000001: that is "
             "2^-10 x 2^(1 - 15).",
@@ -372,7 +375,7 @@ EXERCISES = {e.id: e for e in [
             "Range (how large and how small, set by the exponent bits) against precision (how "
             "many significant bits, set by the mantissa): fp16 has 5 exponent and 10 mantissa "
             "bits, bf16 8 and 7.",
-            "mplab.formats.round_to(x, \"fp16\") and round_to(x, \"bf16\") give the stored values; "
+            "mplab.numerics.formats.round_to(x, \"fp16\") and round_to(x, \"bf16\") give the stored values; "
             "compare abs(stored - x). get_format(fmt).max_finite, .min_normal and "
             ".min_subnormal give each range.",
             "Inside both normal ranges, the format with more mantissa bits wins. A number past "
@@ -389,7 +392,7 @@ EXERCISES = {e.id: e for e in [
                + _IEEE_1_5 + "; not " + _NOT_IEEE_1_5 + ", whose all-ones exponent holds "
                "numbers. Cover every case: normal numbers, subnormals, zeros with their "
                "sign (`-0.0`), infinities and NaN. The check compares it with "
-               "`mplab.formats.from_bits` on " + _PUBLIC_NAMES_1_5 + " patterns; the grader "
+               "`mplab.numerics.formats.from_bits` on " + _PUBLIC_NAMES_1_5 + " patterns; the grader "
                "also tries " + _HIDDEN_NAMES_1_5 + ".",
         comment="decode an IEEE-style pattern (normals, subnormals, +-0, +-inf, NaN)",
         body="def decode(bits, exp_bits, man_bits, bias):\n"
@@ -411,7 +414,7 @@ EXERCISES = {e.id: e for e in [
             "own formula, and the sign bit applies to all but NaN.",
             "Fields come out with shifts and masks: bits >> man_bits, & ((1 << exp_bits) - 1), "
             "bits & ((1 << man_bits) - 1). float(\"inf\"), float(\"nan\") and 2.0**k do the rest; "
-            "mplab.formats.from_bits(bits, \"fp16\") is the reference to test against.",
+            "mplab.numerics.formats.from_bits(bits, \"fp16\") is the reference to test against.",
             "normal: sign x (1 + mantissa / 2**man_bits) x 2**(exponent - bias); zero and "
             "subnormal: sign x mantissa / 2**man_bits x 2**(1 - bias); all-ones exponent: "
             "sign x inf if mantissa == 0 else NaN. Use sign = -1.0 or 1.0 so zero keeps its "

@@ -3,9 +3,9 @@
     from mplab.exercises import lesson2 as ex
     ex.check("2.1", answer); ex.hint("2.1"); ex.solution("2.1")
 
-Every reference answer is computed by :mod:`mplab.casts` and :mod:`mplab.failures` with
+Every reference answer is computed by :mod:`mplab.numerics.casts` and :mod:`mplab.numerics.failures` with
 torch's own casts; 2.2 and 2.3 are about the lesson's captured step
-(:func:`mplab.lessons.lesson_capture`, the same one the notebook looks at), so the answers are
+(:func:`mplab.fixtures.lesson_capture`, the same one the notebook looks at), so the answers are
 this model's, not a textbook's.
 """
 
@@ -15,8 +15,8 @@ import math
 
 import torch
 
-from mplab.casts import CastStats, Magnitudes, cast_stats, largest_safe_scale
-from mplab.exercises import (
+from mplab.exercises.answers import code_names
+from mplab.exercises.framework import (
     Exercise,
     Incorrect,
     Lesson,
@@ -25,10 +25,13 @@ from mplab.exercises import (
     grade_seed,
     in_order,
 )
-from mplab.exercises.answers import code_names
-from mplab.failures import swamping_run
-from mplab.formats import dtype_of, get_format, ulp
-from mplab.lessons import lesson_capture
+from mplab.fixtures import lesson_capture
+from mplab.numerics.casts import CastStats, Magnitudes, cast_stats, largest_safe_scale
+from mplab.numerics.failures import swamping_run
+from mplab.numerics.formats import dtype_of, get_format, ulp
+
+__all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
+           "EXERCISES", "LESSON"]
 
 FP16 = get_format("fp16")
 
@@ -295,7 +298,7 @@ EXERCISES = {e.id: e for e in in_order([
         hints=(
             "Multiplying by 2^k moves a number k binades up. Below fp16's smallest normal "
             "number, values are subnormal (few bits) or flushed to 0.",
-            "F.get_format(\"fp16\").min_normal is the smallest normal value; math.log2 tells "
+            "formats.get_format(\"fp16\").min_normal is the smallest normal value; math.log2 tells "
             "how many binades apart two numbers are.",
             "You need 3e-9 × 2^k ≥ 2^-14: k = ceil(log2(2^-14 / 3e-9)).",
         )),
@@ -316,7 +319,7 @@ EXERCISES = {e.id: e for e in in_order([
             "Only the largest magnitude can overflow first: scale × max|g| must stay at or "
             "below fp16's largest finite value.",
             "cap.all(\"activation_grads\") is every activation gradient in one tensor; "
-            ".abs().max() gives the largest magnitude, F.get_format(\"fp16\").max_finite the "
+            ".abs().max() gives the largest magnitude, formats.get_format(\"fp16\").max_finite the "
             "limit.",
             "answer = 2 ** floor(log2(65504 / max|g|)).",
         )),
@@ -359,7 +362,7 @@ EXERCISES = {e.id: e for e in in_order([
         hints=(
             "A sum is rounded to the nearest number the format holds. Near w those numbers are "
             "one ulp apart, so an update smaller than half an ulp rounds straight back to w.",
-            "F.ulp(w, \"fp16\") gives the spacing at w. fp16 has 10 mantissa bits (ulp(1) = "
+            "formats.ulp(w, \"fp16\") gives the spacing at w. fp16 has 10 mantissa bits (ulp(1) = "
             "2^-10), bf16 7 (2^-7), fp32 23.",
             "Lost if |update| < ulp(w)/2; at exactly ulp(w)/2 it is a tie, and ties go to the "
             "neighbour whose last bit is 0. Test yourself: (torch.tensor(w, dtype=...) + "

@@ -17,7 +17,8 @@ import random
 
 import torch
 
-from mplab.exercises import (
+from mplab.exercises.answers import note, watching
+from mplab.exercises.framework import (
     Exercise,
     Incorrect,
     Lesson,
@@ -29,7 +30,9 @@ from mplab.exercises import (
     python_block,
     same_tensors,
 )
-from mplab.exercises.answers import note, watching
+
+__all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
+           "EXERCISES", "LESSON"]
 
 # --- 3.1 the update rule ----------------------------------------------------------------------
 
@@ -469,7 +472,7 @@ EXERCISES = {e.id: e for e in [
         id="3.4", title="Why bf16 needs no scaler",
         prompt="bf16 autocast is used without a GradScaler. Why does it need none? Pick the "
                f"reason:\n\n{choice_list(CHOICES_3_4)}\n\n"
-               "The facts are lesson 1's: `from mplab import explain`, then "
+               "The facts are lesson 1's: `from mplab.numerics import explain`, then "
                "`explain.format_table([\"fp16\", \"bf16\", \"fp32\"])` prints each format's "
                "exponent and mantissa bits, largest value and smallest normal and subnormal "
                "values. Answer with its letter.",

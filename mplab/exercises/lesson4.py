@@ -5,7 +5,7 @@
 
 The references are runs: a learner's order of calls is executed with torch.amp.GradScaler (and
 its real error, if any, is quoted), a learner's training step is compared bit for bit with a
-reference fp16 step, and the trace questions are answered by :func:`mplab.lessons.lesson_trace`,
+reference fp16 step, and the trace questions are answered by :func:`mplab.fixtures.lesson_trace`,
 the same trace the notebook shows. `overflow_evidence` is what 4.4 is asked about.
 """
 
@@ -16,7 +16,8 @@ import functools
 import torch
 
 from mplab._display import Table
-from mplab.exercises import (
+from mplab.amp.trace import FP32, FP32_AUTOCAST, LOW, PROMOTE
+from mplab.exercises.framework import (
     Exercise,
     Incorrect,
     Lesson,
@@ -29,9 +30,11 @@ from mplab.exercises import (
     python_block,
     same_tensors,
 )
-from mplab.failures import overflow_demo
-from mplab.lessons import lesson_trace
-from mplab.trace import FP32, FP32_AUTOCAST, LOW, PROMOTE
+from mplab.fixtures import lesson_trace
+from mplab.numerics.failures import overflow_demo
+
+__all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
+           "EXERCISES", "LESSON", "overflow_evidence"]
 
 # --- 4.2 order the calls ----------------------------------------------------------------------
 
@@ -189,7 +192,7 @@ _check_4_4 = multiple_choice(CHOICES_4_4, "b", WHY_NOT_4_4)
 
 
 def overflow_evidence(precision: str = "fp16") -> Table:
-    """The table 4.4 asks about: :func:`mplab.failures.overflow_demo` in `precision`, stage by
+    """The table 4.4 asks about: :func:`mplab.numerics.failures.overflow_demo` in `precision`, stage by
     stage beside fp32 (largest |value|, infs, NaNs), its rows as they are, under a title that
     names neither the format's limit nor a cause: linking the two is the learner's step."""
     demo = overflow_demo(precision)

@@ -6,7 +6,7 @@
 The references are the real Accelerate: a learner's loop runs with a real `Accelerator` on the
 lesson model and is compared, weights bit for bit, with the course's Accelerate loop (and what
 it handed Accelerate is watched, so a `loss.backward()` that happens to train the same is still
-caught); why fp16 was no faster is answered by `mplab.audit` of a real fp16 Accelerator on the
+caught); why fp16 was no faster is answered by `mplab.amp.audit` of a real fp16 Accelerator on the
 CPU; the audit to read is built and audited here, the way the notebook shows it.
 """
 
@@ -18,9 +18,10 @@ import textwrap
 
 import torch
 
-from mplab import lessons
-from mplab.audit import Audit, audit
-from mplab.exercises import (
+from mplab import fixtures
+from mplab.amp.audit import Audit, audit
+from mplab.exercises.answers import note, watching
+from mplab.exercises.framework import (
     Exercise,
     Incorrect,
     Lesson,
@@ -30,11 +31,13 @@ from mplab.exercises import (
     multiple_choice,
     python_block,
 )
-from mplab.exercises.answers import note, watching
+from mplab.fixtures import lesson_batch
 from mplab.hardware import has_units
-from mplab.lessons import lesson_batch
 from mplab.models import lesson_model
 from mplab.train.accelerate_path import fresh_accelerate
+
+__all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
+           "EXERCISES", "LESSON", "colleague_audit"]
 
 # --- 5.1 convert a loop to Accelerate ---------------------------------------------------------
 
@@ -267,7 +270,7 @@ def colleague_step():
     model = lesson_model().to(torch.bfloat16)  # "bf16 weights: half the memory"
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
-    batch = lessons.lesson_batch(8)  # as the lesson's cells call it
+    batch = fixtures.lesson_batch(8)  # as the lesson's cells call it
     loss = model(**batch).loss
     accelerator.backward(loss)
     optimizer.step()
@@ -462,7 +465,7 @@ EXERCISES = {e.id: e for e in [
                "give or take this machine's noise, to the same losses bit for bit (the tables "
                "above). Why? Pick the "
                f"reason:\n\n{choice_list(CHOICES_5_2)}\n\nAnswer with its letter. The answer "
-               "is checked against `mplab.audit`'s audit of a real "
+               "is checked against `mplab.amp.audit`'s audit of a real "
                "`Accelerator(mixed_precision=\"fp16\")` on this CPU.",
         comment="\"a\", \"b\", \"c\" or \"d\"",
         body="answer = ...",

@@ -6,7 +6,7 @@
 The references are the installed libraries and mplab's measurements: a learner's
 TrainingArguments are built by the installed transformers (6.1) and trained for one real
 optimizer step by a real Trainer, its forward passes and clipping counted and its matmuls
-watched by :func:`mplab.audit.audit` (6.3); which steps each path writes comes from
+watched by :func:`mplab.amp.audit.audit` (6.3); which steps each path writes comes from
 :mod:`mplab.train.compare` (the code `train(path=...)` runs, 6.2); a learner's fix for a model
 loaded from a bf16 checkpoint is audited (6.4).
 """
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from mplab import data, models
-from mplab.audit import Audit, audit
-from mplab.exercises import (
+from mplab.amp.audit import Audit, audit
+from mplab.exercises.framework import (
     Exercise,
     Incorrect,
     Lesson,
@@ -35,6 +35,9 @@ from mplab.exercises import (
 )
 from mplab.train import compare
 from mplab.train.accelerate_path import fresh_accelerate
+
+__all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
+           "EXERCISES", "LESSON"]
 
 #: What the checks give TrainingArguments besides the learner's arguments: a throwaway folder
 #: and a run of one step that saves, logs and reports nothing.
@@ -465,7 +468,7 @@ EXERCISES = {e.id: e for e in [
                "weights. Write `fix(model)`, which returns the model ready for mixed "
                "precision training, its loaded weights kept. The check gives it the lesson "
                "model loaded that way and audits what `fix` returns over one bf16 autocast "
-               "step (`mplab.audit.audit`).",
+               "step (`mplab.amp.audit.audit`).",
         comment="give a model loaded in bf16 its fp32 master weights",
         body="def fix(model):\n"
              "    return ...  # the model, ready for mixed precision",

@@ -15,10 +15,10 @@ import math
 
 import torch
 
-from mplab import lab
 from mplab._display import Table
-from mplab.diagnosis import CAUSES, diagnose
-from mplab.exercises import (
+from mplab.diagnosis import CAUSES, diagnose, lab
+from mplab.exercises.answers import note, watching
+from mplab.exercises.framework import (
     Exercise,
     Incorrect,
     Lesson,
@@ -30,8 +30,10 @@ from mplab.exercises import (
     python_block,
     same_tensors,
 )
-from mplab.exercises.answers import note, watching
 from mplab.hardware import UNITS, has_units
+
+__all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
+           "EXERCISES", "LESSON", "mystery_records"]
 
 # --- 7.1 why bf16 loses at the lesson size ----------------------------------------------------
 

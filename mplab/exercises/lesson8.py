@@ -4,7 +4,7 @@
     ex.check("8.1", answer); ex.hint("8.1"); ex.solution("8.1")
 
 The references are torch's own `MixedPrecisionPolicy`, the audits of real multi-process runs
-(the lesson starts them; `MYSTERY_JOBS` are the two it does not name), and `mplab.plan`, which
+(the lesson starts them; `MYSTERY_JOBS` are the two it does not name), and `mplab.train.plan`, which
 tests hold within 5 % of the bytes every rank of a real run holds.
 """
 
@@ -14,8 +14,7 @@ import functools
 
 import torch
 
-from mplab import plan
-from mplab.exercises import (
+from mplab.exercises.framework import (
     Exercise,
     Incorrect,
     Lesson,
@@ -25,7 +24,11 @@ from mplab.exercises import (
     multiple_choice,
     one_letter,
 )
-from mplab.plan import RANKS
+from mplab.train import plan
+from mplab.train.plan import RANKS
+
+__all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
+           "EXERCISES", "LESSON", "MYSTERY_JOBS"]
 
 # --- 8.1 the policy ---------------------------------------------------------------------------
 

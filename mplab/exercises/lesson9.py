@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from mplab import lowbit
-from mplab.exercises import (
+from mplab.exercises.framework import (
     Exercise,
     Incorrect,
     Lesson,
@@ -21,7 +21,10 @@ from mplab.exercises import (
     grade_seed,
     in_order,
 )
-from mplab.quantize import DelayedScaling
+from mplab.lowbit.quantize import DelayedScaling
+
+__all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
+           "EXERCISES", "LESSON", "block_9_1", "x_9_2", "AMAX_9_3", "steps_9_3"]
 
 # --- 9.1 an MX block's scale by hand ----------------------------------------------------------
 
@@ -35,7 +38,7 @@ def block_9_1() -> torch.Tensor:
 
 
 def _torchao_mx_code(block: torch.Tensor, mode: str = "floor") -> int:
-    from mplab.quantize import load_torchao
+    from mplab.lowbit.quantize import load_torchao
 
     load_torchao()
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
@@ -152,7 +155,7 @@ def _check_9_3(answer) -> str | None:
 
 
 def _torchao_nvfp4_scales(x: torch.Tensor):
-    from mplab.quantize import load_torchao
+    from mplab.lowbit.quantize import load_torchao
 
     load_torchao()
     from torchao.prototype.mx_formats.nvfp4_tensor import (

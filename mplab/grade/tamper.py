@@ -106,7 +106,7 @@ def _cell_flags(tree: ast.AST, watched: set[str], ours: set[str]) -> list[tuple[
             if module == "mplab.grade" or (module == "mplab" and any(
                     a.name == "grade" for a in node.names)):
                 found.append(("solution module", node))
-            elif module.startswith("mplab.exercises.lesson"):
+            elif module.startswith("mplab.exercises."):  # a lesson, the framework, answers
                 found.append(("solution module", node))
             elif module == "mplab.exercises" and any(
                     not a.name.startswith("lesson") for a in node.names):
@@ -114,6 +114,7 @@ def _cell_flags(tree: ast.AST, watched: set[str], ours: set[str]) -> list[tuple[
         elif isinstance(node, ast.Import) and any(
                 a.name == "mplab.grade" or a.name.startswith("mplab.grade.")
                 or (a.name.startswith("mplab.exercises.lesson") and not a.asname)
+                or a.name.startswith(("mplab.exercises.framework", "mplab.exercises.answers"))
                 for a in node.names):
             found.append(("solution module", node))
     return found

@@ -29,13 +29,29 @@ from __future__ import annotations
 import importlib
 from dataclasses import fields
 
-from .common import NonFiniteLossError, TrainWarning
 from .config import PATHS, PRECISIONS, TrainConfig
+from .errors import NonFiniteLossError, TrainWarning
 from .recorder import Recorder
 from .result import TrainResult, loss_overlaps
 
+#: Names a lesson or a user reaches for, imported on first use (each path's libraries are slow
+#: to import: only the path a run takes is loaded).
+_LAZY = {
+    "fresh_accelerate": "accelerate_path", "train_torch": "torch_path",
+    "decay_groups": "run", "lr_schedule": "run",
+    "renamed": "trainer_path", "course_arguments_error": "trainer_path",
+    "compute_metrics": "trainer_path", "start_across": "launch", "built_table": "libraries",
+}
+
 __all__ = ["train", "TrainConfig", "TrainResult", "Recorder", "NonFiniteLossError", "TrainWarning",
-           "PATHS", "PRECISIONS", "loss_overlaps"]
+           "PATHS", "PRECISIONS", "loss_overlaps", "compare", "plan", "ranks", "launch", "fp8",
+           *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'mplab.train' has no attribute {name!r}")
 
 
 def train(config: TrainConfig | None = None, *, model=None, tokenizer=None, on_step=None,

@@ -12,8 +12,10 @@ import os
 import sys
 import warnings
 
-from .common import NonFiniteLossError, TrainWarning
 from .config import COMM_HOOKS, PATHS, PRECISIONS, SCALERS, SCHEDULES, TrainConfig
+from .errors import NonFiniteLossError, TrainWarning
+
+__all__: list[str] = []
 
 
 def parser() -> argparse.ArgumentParser:

@@ -16,11 +16,12 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch.utils.data import DataLoader
 
-from .common import decay_groups
 from .config import TrainConfig
 from .order import RunOrder
 from .result import TrainResult
-from .run import Run, lr_schedule
+from .run import Run, decay_groups, lr_schedule
+
+__all__ = ["MIXED_PRECISION", "train_accelerate", "fresh_accelerate"]
 
 MIXED_PRECISION = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}  # mplab's names -> Accelerate's
 

@@ -44,6 +44,9 @@ from mplab._display import Table
 
 from .config import PATHS
 
+__all__ = ["FUNCTIONS", "STEPS", "BOOKKEEPING", "CONFIGURED", "PathProfile", "source", "diff",
+           "user_code", "method_lines", "steps_written", "profile", "profiles", "versus"]
+
 #: The function that is each path, as "module:function".
 FUNCTIONS = {"torch": "mplab.train.torch_path:train_torch",
              "accelerate": "mplab.train.accelerate_path:train_accelerate",

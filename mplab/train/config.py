@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+__all__ = ["PATHS", "PRECISIONS", "SCALERS", "SCHEDULES", "COMM_HOOKS", "TrainConfig"]
+
 PATHS = ("torch", "accelerate", "trainer", "fsdp")
 PRECISIONS = ("fp32", "fp16", "bf16")
 SCALERS = ("torch", "mplab")
@@ -37,7 +39,7 @@ class TrainConfig:
     warmup_steps: int = 50
     schedule: str = "linear"           # warm-up from 0, then linear decay to 0; or "constant"
     max_grad_norm: float | None = None
-    scaler: str = "torch"              # fp16 only: torch.amp.GradScaler or mplab.scaler's twin
+    scaler: str = "torch"              # fp16 only: torch.amp.GradScaler or mplab.amp.scaler's twin
     init_scale: float = 2.0**16        # the GradScaler's settings, by torch's names and defaults
     growth_factor: float = 2.0
     backoff_factor: float = 0.5

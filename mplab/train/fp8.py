@@ -12,8 +12,8 @@ Linear's input, weight and output gradient rounded to bf16 by `round_to_format`,
 summed in fp32); torchao's `convert_to_float8_training` with the configs of
 `Float8LinearConfig.from_recipe_name` ("tensorwise", "rowwise", "rowwise_with_gw_hp"),
 `emulate=True` (fp32 matmuls of the dequantised values) without fp8 matmuls; "mplab", the
-tensorwise recipe from scratch (`mplab.train.qdq`: input and weight cast to e4m3, the output
-gradient to e5m2, by `mplab.quantize.tensorwise`), equal to torchao's bit for bit; "e4m3_unscaled",
+tensorwise recipe from scratch (`mplab.lowbit.qdq`: input and weight cast to e4m3, the output
+gradient to e5m2, by `mplab.lowbit.quantize.tensorwise`), equal to torchao's bit for bit; "e4m3_unscaled",
 mplab's with the output gradient cast to e4m3 at scale 1: the one that goes wrong.
 
 Every run starts from the lesson model's warm start (from random weights no recipe learns in a
@@ -39,13 +39,13 @@ import torch
 
 from mplab import data, models
 from mplab._display import Table
-from mplab.audit import Observer
+from mplab.amp.audit import Observer
 from mplab.hardware import has_units, resolve_device, synchronize
+from mplab.lowbit.qdq import QDQ_RECIPES, GradCasts, convert_to_qdq, fp8_filter
+from mplab.lowbit.quantize import load_torchao
 from mplab.plots import loss_curves_plot
-from mplab.quantize import load_torchao
 
-from .common import device_name, peak_memory, reset_peak_memory
-from .qdq import QDQ_RECIPES, GradCasts, convert_to_qdq, fp8_filter
+from .processes import device_name, peak_memory, reset_peak_memory
 from .result import STOP_REASONS, TrainResult
 from .watch import StepWatch
 
@@ -60,7 +60,7 @@ RECIPES = {
     "tensorwise": "torchao Float8Linear: one scale per tensor, e4m3 forward, e5m2 gradients",
     "rowwise": "torchao Float8Linear: a power-of-two scale per row, e4m3 throughout",
     "rowwise_with_gw_hp": "torchao rowwise, the weight gradient's matmul in high precision",
-    "mplab": "mplab.quantize.tensorwise around each Linear: e4m3 operands, e5m2 gradients",
+    "mplab": "mplab.lowbit.quantize.tensorwise around each Linear: e4m3 operands, e5m2 gradients",
     "e4m3_unscaled": "mplab's recipe with the output gradients cast to e4m3 at scale 1",
 }
 TORCHAO_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")

@@ -31,6 +31,8 @@ from pathlib import Path
 
 from .result import TrainResult
 
+__all__ = ["Launch", "start_across", "run_across", "train_across"]
+
 
 class Launch:
     """Processes started by `start_across`, running; `results()` waits for them and returns

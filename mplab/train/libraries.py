@@ -16,6 +16,8 @@ import torch
 from mplab import models
 from mplab._display import Table
 
+__all__ = ["accelerate_fsdp", "trainer_fsdp", "both", "built_table"]
+
 
 def _built(distributed_type, model: torch.nn.Module, asked: str) -> dict:
     params = list(model.parameters())

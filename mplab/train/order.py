@@ -14,7 +14,9 @@ import torch
 
 from mplab import data
 
-from .common import epoch_seed
+from .inputs import epoch_seed
+
+__all__ = ["Rows", "RunOrder", "epoch_layout"]
 
 if TYPE_CHECKING:
     from .run import Run

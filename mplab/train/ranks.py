@@ -23,9 +23,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mplab._display import Table
-from mplab.formats import dtype_name
+from mplab.numerics.formats import dtype_name
 
 from .watch import inner_optimizer, local_shard
+
+__all__ = ["COLLECTIVES", "Traffic", "CommWatch", "counting_hook", "transformer_blocks",
+           "held_bytes", "shards", "rank_report", "gather_reports", "overflow_on_one_rank",
+           "collectives_table", "ranks_table", "allreduce_table", "agreement_table", "held_table",
+           "overflow_table"]
 
 # c10d's ops by the name lesson 8 uses, and the argument holding what this rank puts in.
 COLLECTIVES = {"_allgather_base_": ("all_gather", "input_tensor"),
@@ -164,7 +169,7 @@ def overflow_on_one_rank(scaler: str = "torch", rank_with_inf: int = 1) -> list[
 
     `scaler`: "torch" (torch.amp.GradScaler, whose check DTensor runs on every rank's shard and
     combines), "sharded" (torch's ShardedGradScaler, which all-reduces the found-inf), "mplab"
-    (mplab.scaler.GradScaler given the process group) or "mplab_alone" (without it: each rank
+    (mplab.amp.scaler.GradScaler given the process group) or "mplab_alone" (without it: each rank
     checks its own shard only).
     Run in every process (`launch.run_across`); returns every rank's
     {rank, inf_here, stepped, scale} in rank order: where they differ, the ranks have parted.
@@ -174,7 +179,7 @@ def overflow_on_one_rank(scaler: str = "torch", rank_with_inf: int = 1) -> list[
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     from mplab import models
-    from mplab.scaler import GradScaler as MplabGradScaler
+    from mplab.amp.scaler import GradScaler as MplabGradScaler
 
     makers = {"torch": lambda: torch.amp.GradScaler("cpu", init_scale=2.0**10),
               "sharded": lambda: ShardedGradScaler("cpu", init_scale=2.0**10,
@@ -309,9 +314,9 @@ def agreement_table(by_count: dict) -> Table:
 
 def held_table(runs: list[tuple[str, int, object]], policy: str = "amp") -> Table:
     """What every rank of each run held after step 1 (`held_bytes`) against
-    `mplab.plan.memory(parameters, policy, processes, sharding)`: runs are (sharding,
+    `mplab.train.plan.memory(parameters, policy, processes, sharding)`: runs are (sharding,
     processes, TrainResult). `note` says which ranks held more than the plan, and why."""
-    from mplab import plan
+    from mplab.train import plan
 
     rows, over, ddp = [], {}, False
     for sharding, n, r in runs:

@@ -10,7 +10,7 @@
 It watches by hooks, changing nothing the loop computes: whether the optimizer really
 stepped, the scale, how often the scaler's `unscale_`/`step`/`update` ran, the dtypes the
 matmuls ran in, the share of gradient entries that were 0 and of low-precision weights a step
-left unchanged; at the end, the audit (mplab.audit) of the model and optimizer.
+left unchanged; at the end, the audit (mplab.amp.audit) of the model and optimizer.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ import time
 
 import torch
 
-from mplab.audit import autocast_supported
-from mplab.formats import get_format
+from mplab.amp.audit import autocast_supported
 from mplab.hardware import has_units
+from mplab.numerics.formats import get_format
 
-from .common import device_name
+from .processes import device_name
 from .result import OWN_LOOP, TrainResult
 from .watch import ScalerCalls, StepCounter, StepLog, inner_optimizer
+
+__all__ = ["Recorder"]
 
 _SCALER_SETTINGS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
 

@@ -10,8 +10,10 @@ from pathlib import Path
 import torch
 
 from mplab._display import Table
-from mplab.audit import DTYPE_FIELDS, Audit
-from mplab.formats import dtype_from_name, dtype_name
+from mplab.amp.audit import DTYPE_FIELDS, Audit
+from mplab.numerics.formats import dtype_from_name, dtype_name
+
+__all__ = ["OWN_LOOP", "STOP_REASONS", "TrainResult", "loss_overlaps"]
 
 #: `TrainResult.path` of a loop of one's own, recorded by `Recorder` (not one of mplab's paths).
 OWN_LOOP = "own loop"
@@ -28,7 +30,7 @@ class TrainResult:
       `output_dtype`: the model output's (logits') dtype, observed the same way; `grad_dtype`
       the gradients' at the first optimizer step; `param_dtype` and `optimizer_state_dtype`
       the weights' (the master copy) and the optimizer states' at the end.
-    - `audit`: the `mplab.audit.Audit` of the run (prints as a report): whether mixed
+    - `audit`: the `mplab.amp.audit.Audit` of the run (prints as a report): whether mixed
       precision really happened, and each silent fallback, which `warnings` also holds.
     - `losses`: per optimizer step, the mean over its micro-batches (and processes).
     - `scales`: the GradScaler's scale after each step's `update()` (fp16 only, else empty);

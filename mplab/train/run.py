@@ -39,25 +39,21 @@ from tqdm.auto import tqdm
 from mplab import data, models
 from mplab.hardware import has_units, synchronize
 
-from .common import (
+from .config import TrainConfig
+from .errors import (
     NonFiniteLossError,
-    Processes,
     TrainWarning,
-    accuracy,
     check_precision,
-    device_name,
-    encoded_splits,
-    global_batches,
-    load_model,
     low_precision_cost,
     non_finite_message,
-    peak_memory,
-    reset_peak_memory,
 )
-from .config import TrainConfig
+from .inputs import accuracy, encoded_splits, global_batches, load_model
+from .processes import Processes, device_name, peak_memory, reset_peak_memory
 from .ranks import Traffic, gather_reports, rank_report
 from .result import TrainResult
 from .watch import StepLog
+
+__all__ = ["CHECKPOINT_FORMAT", "Run", "decay_groups", "lr_schedule"]
 
 CHECKPOINT_FORMAT = 1
 _RECORD = ("losses", "scales", "skipped_steps", "grad_norms", "zero_grad_fractions",
@@ -426,6 +422,15 @@ def _outside_mplab_train() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW's parameter groups by one rule on every path, the Trainer's (and nanoGPT's):
+    weights with two or more dimensions (matmul weights, embedding tables) decay; biases and
+    norm weights, one dimension each, do not, as shrinking them toward 0 only hurts."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
 def lr_schedule(config: TrainConfig, calls_per_step: int = 1):

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import torch
 
-from mplab.formats import dtype_of
-from mplab.scaler import GradScaler as MplabGradScaler
+from mplab.amp.scaler import GradScaler as MplabGradScaler
+from mplab.numerics.formats import dtype_of
 
-from .common import decay_groups
 from .config import TrainConfig
 from .ranks import Traffic, counting_hook
 from .result import TrainResult
-from .run import Run, lr_schedule
+from .run import Run, decay_groups, lr_schedule
 from .watch import StepCounter
+
+__all__ = ["train_torch"]
 
 
 def train_torch(config: TrainConfig, model=None, tokenizer=None, on_step=None) -> TrainResult:

@@ -27,6 +27,9 @@ from .order import Rows, RunOrder
 from .result import TrainResult
 from .run import Run
 
+__all__ = ["EVAL_BATCH", "RENAMED_ARGUMENTS", "train_trainer", "compute_metrics",
+           "trainer_settings", "course_arguments_error", "renamed", "RecordRun"]
+
 EVAL_BATCH = 128  # the torch path's evaluation batches
 
 # Names the course (and many tutorials) use that transformers has since renamed or removed.

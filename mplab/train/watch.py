@@ -23,16 +23,19 @@ import functools
 
 import torch
 
-from mplab.audit import Audit, Observer, audit
+from mplab.amp.audit import Audit, Observer, audit
 
 from .result import TrainResult
+
+__all__ = ["LOW_PRECISION", "SCALER_METHODS", "inner_optimizer", "local_shard", "StepCounter",
+           "StepWatch", "ScalerCalls", "StepLog"]
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 SCALER_METHODS = ("scale", "unscale_", "step", "update")
 
 
 def inner_optimizer(optimizer):
-    """The torch optimizer inside Accelerate's or mplab.bf16's wrapper (hooks go on it)."""
+    """The torch optimizer inside Accelerate's or mplab.numerics.bf16_updates's wrapper (hooks go on it)."""
     while hasattr(optimizer, "optimizer"):  # AcceleratedOptimizer subclasses Optimizer too
         optimizer = optimizer.optimizer
     return optimizer
@@ -194,7 +197,7 @@ class StepLog:
         result.grad_dtype = seen.grad_dtype or result.grad_dtype
 
     def audit(self, optimizer, **parts) -> Audit:
-        """The audit of the model and `optimizer` (mplab.audit; `parts`: its scaler, autocast
+        """The audit of the model and `optimizer` (mplab.amp.audit; `parts`: its scaler, autocast
         and accelerator), into the record; returns it, for the caller to warn of fallbacks."""
         result = self.result
         found = audit(self.model, optimizer, result=result, **parts)

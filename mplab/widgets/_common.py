@@ -10,6 +10,8 @@ import io
 
 import ipywidgets as widgets
 
+__all__ = ["guarded", "png", "StaticView", "static_html"]
+
 
 def guarded(callback):
     """Wrap a widget callback: a learner's click or keystroke must never raise into the

@@ -7,8 +7,8 @@
 One number in every format side by side: its bits as coloured boxes (click one to flip it),
 its neighbours in each format (◀ ▶), what each format stores and what that costs, and where
 the number sits on the plot of spacing against magnitude. Every figure comes from
-mplab.formats, mplab.explain and mplab.plots; this module only builds the controls and renders
-results. Any format of mplab.formats.ALL_FORMATS can be a row: e8m0 has no sign bit to draw,
+mplab.numerics.formats, mplab.numerics.explain and mplab.plots; this module only builds the controls and renders
+results. Any format of mplab.numerics.formats.ALL_FORMATS can be a row: e8m0 has no sign bit to draw,
 fp4 and fp6 have 4 and 6 bits and no inf or NaN, the FNUZ formats no -0 (its pattern is NaN).
 """
 
@@ -25,10 +25,10 @@ from typing import NamedTuple
 import ipywidgets as widgets
 import traitlets
 
-from mplab import explain, plots
-from mplab import formats as F
-from mplab.formats import FloatFormat
-from mplab.lessons import layer_weight
+from mplab import plots
+from mplab.fixtures import layer_weight
+from mplab.numerics import explain, formats
+from mplab.numerics.formats import FloatFormat
 from mplab.widgets._common import StaticView, guarded
 
 __all__ = ["precision_explorer", "PrecisionExplorer", "read_number", "Reading", "presets",
@@ -68,7 +68,7 @@ def read_number(text: str) -> Reading:
     """
     if len(text) > 100:
         raise ValueError(f"{text[:30]!r}… is too long (100 characters at most); try {ACCEPTED}")
-    exact = F.parse_number(text)  # ValueError: "could not read 'abc' as a number; try ..."
+    exact = formats.parse_number(text)  # ValueError: "could not read 'abc' as a number; try ..."
     try:
         x = float(exact)
         if math.isinf(x) and not re.search("inf|∞", text, re.IGNORECASE):
@@ -170,14 +170,14 @@ class PrecisionExplorer(StaticView, widgets.VBox):
     `value` is the number explored (a Python float, i.e. a double), readable and settable
     from Python; `text`, `preset`, `rows[name].buttons[bit]`, `rows[name].down/.up`,
     `message`, `table` and `plot` are the controls and outputs a test can drive, and
-    `table_rows` the rows the table shows, as data (:func:`mplab.explain.stored_row`).
+    `table_rows` the rows the table shows, as data (:func:`mplab.numerics.explain.stored_row`).
     """
 
     value = _SignedFloat(0.1, help="the number being explored (a Python float)")
 
     def __init__(self, value=0.1, precisions=None):
         super().__init__()
-        self.formats = [F.get_format(f) for f in (precisions or F.FORMATS)]
+        self.formats = [formats.get_format(f) for f in (precisions or formats.FORMATS)]
         if len({f.name for f in self.formats}) != len(self.formats):
             raise ValueError(f"precisions must have distinct names, got {precisions!r}")
         self._pending = {}  # what the next render should show besides the value
@@ -227,7 +227,7 @@ class PrecisionExplorer(StaticView, widgets.VBox):
         self.observe(self._on_value, "value")
         self._show(read_number(value).value if isinstance(value, str) else value)
 
-    # --- callbacks: read the input, call mplab.formats, show ------------------------------
+    # --- callbacks: read the input, call mplab.numerics.formats, show ------------------------------
     @guarded
     def _on_text(self, change) -> None:
         if self._syncing:
@@ -249,12 +249,12 @@ class PrecisionExplorer(StaticView, widgets.VBox):
     @guarded
     def _flip(self, f: FloatFormat, bit: int, _button=None) -> None:
         bits = self.rows[f.name].bits ^ (1 << bit)
-        self._show(F.from_bits(bits, f), pin=(f.name, bits))
+        self._show(formats.from_bits(bits, f), pin=(f.name, bits))
 
     @guarded
     def _step(self, f: FloatFormat, up: bool, _button=None) -> None:
-        stored = F.round_to(self.value, f)
-        new = (F.next_up if up else F.next_down)(stored, f)
+        stored = formats.round_to(self.value, f)
+        new = (formats.next_up if up else formats.next_down)(stored, f)
         if not math.isnan(stored) and not _holds(f, new):
             # fp4/fp6 past their top (no inf, no NaN to step to), e8m0 below 2^-127 (no zero)
             why = ("no inf and no NaN" if f.nan == "none" else "no zero" if not f.subnormals
@@ -300,7 +300,7 @@ class PrecisionExplorer(StaticView, widgets.VBox):
         for f in self.formats:
             d = explain.decompose(x, f)
             if self._pin and self._pin[0] == f.name:  # keep the NaN pattern the learner made
-                s, e, m = F.field_bits(self._pin[1], f)
+                s, e, m = formats.field_bits(self._pin[1], f)
                 d = dataclasses.replace(d, bits=self._pin[1], sign=s, exponent=e, mantissa=m)
             self.rows[f.name].show(d)
             self.table_rows.append(explain.stored_row(x, d, f))
@@ -312,7 +312,7 @@ def _holds(f: FloatFormat, v: float) -> bool:
     """Whether v is a number of the format (a zero of either sign counts: FNUZ keeps only +0)."""
     if math.isnan(v):
         return f.nan != "none"
-    return F.round_to(v, f) == v
+    return formats.round_to(v, f) == v
 
 
 @functools.cache
@@ -353,6 +353,6 @@ def _table_html(rows: list[dict], formats: dict[str, FloatFormat]) -> str:
 
 def precision_explorer(value=0.1, precisions=None) -> PrecisionExplorer:
     """The precision explorer for value (a number, or text like "1/3"), over `precisions`
-    (default: the course's six, mplab.formats.FORMATS; ``ALL_FORMATS`` adds lesson 9's).
+    (default: the course's six, mplab.numerics.formats.FORMATS; ``ALL_FORMATS`` adds lesson 9's).
     `.value` is the number it shows."""
     return PrecisionExplorer(value, precisions)

@@ -1,11 +1,11 @@
 """Lesson 2 widgets: move the loss scale over a real model's gradients; watch updates vanish.
 
     from mplab.widgets.lesson2 import loss_scale_explorer, swamping_demo
-    explorer = loss_scale_explorer(lessons.lesson_capture())   # explorer.log2_scale = 16
+    explorer = loss_scale_explorer(fixtures.lesson_capture())   # explorer.log2_scale = 16
     demo = swamping_demo()                                       # demo.master.value = True
 
-The numbers come from :mod:`mplab.casts` (exact counts of what torch's casts do) and
-:mod:`mplab.failures`, the figures from :mod:`mplab.cast_plots`; this module only builds the
+The numbers come from :mod:`mplab.numerics.casts` (exact counts of what torch's casts do) and
+:mod:`mplab.numerics.failures`, the figures from :mod:`mplab.plots.casts`; this module only builds the
 controls and shows the results.
 """
 
@@ -16,12 +16,12 @@ import math
 
 import ipywidgets as widgets
 
-from mplab import cast_plots
-from mplab.capture import KINDS, Capture
-from mplab.casts import CastStats, combined, largest_safe_scale
-from mplab.failures import SwampRun, finite_number, swamp_threshold, swamping_run
-from mplab.formats import get_format
-from mplab.histograms import data_bins, format_bands
+from mplab import plots
+from mplab.amp.capture import KINDS, Capture
+from mplab.numerics.casts import CastStats, combined, largest_safe_scale
+from mplab.numerics.failures import SwampRun, finite_number, swamp_threshold, swamping_run
+from mplab.numerics.formats import get_format
+from mplab.numerics.histograms import data_bins, format_bands
 from mplab.widgets._common import StaticView, guarded, png
 
 __all__ = ["loss_scale_explorer", "LossScaleExplorer", "swamping_demo", "SwampingDemo",
@@ -60,14 +60,14 @@ class LossScaleExplorer(StaticView, widgets.VBox):
     `summary`, `table` (per layer: the shares of its nonzero values lost to 0, landing
     subnormal, overflowing), `message`. `scale` is the scale shown; `stats` the per-layer
     CastStats; `table_rows` the table's rows as data (layer, type and
-    :meth:`~mplab.casts.CastStats.nonzero_row`); `total` all layers' CastStats together.
+    :meth:`~mplab.numerics.casts.CastStats.nonzero_row`); `total` all layers' CastStats together.
     """
 
     def __init__(self, capture: Capture, kind: str = "activation_grads",
                  precision: str = "fp16", log2_scale: int = 0):
         super().__init__()
         if not isinstance(capture, Capture):
-            raise TypeError(f"loss_scale_explorer takes what mplab.capture.capture returns, got "
+            raise TypeError(f"loss_scale_explorer takes what mplab.amp.capture.capture returns, got "
                             f"{type(capture).__name__}")
         precision = get_format(precision).name
         _choice(precision, LOSS_SCALE_FORMATS, "precision")
@@ -163,7 +163,7 @@ class LossScaleExplorer(StaticView, widgets.VBox):
         self.table_rows = [{"layer": n, "type": self.capture.type_of(n, kind), **st.nonzero_row()}
                            for n, st in self.stats.items()]
         what = self.layer.value or kind.replace("_", " ")
-        self.plot.value = png(cast_plots.exponent_histogram_plot(
+        self.plot.value = png(plots.exponent_histogram_plot(
             shown, precision, s, pyplot=False,
             xlim=self._xlims.setdefault(kind, _xlim(self.capture, kind)),
             title=f"{what} × 2^{self.slider.value} cast to {precision}"))
@@ -217,7 +217,7 @@ def _table_html(rows: list[dict]) -> str:
 
 def loss_scale_explorer(capture: Capture, kind: str = "activation_grads",
                         precision: str = "fp16", log2_scale: int = 0) -> LossScaleExplorer:
-    """Per-layer exponent histograms and cast table of a :func:`mplab.capture.capture`, with a
+    """Per-layer exponent histograms and cast table of a :func:`mplab.amp.capture.capture`, with a
     log2 loss-scale slider (2^0 to 2^24), a format and a kind of value to look at."""
     return LossScaleExplorer(capture, kind, precision, log2_scale)
 
@@ -245,7 +245,7 @@ class SwampingDemo(StaticView, widgets.VBox):
 
     Controls: `lr` (log slider), `precision` (the format the weight is kept in), `master`
     (toggle); outputs: `plot`, `summary`, `message`; `run` is the
-    :class:`mplab.failures.SwampRun` shown.
+    :class:`mplab.numerics.failures.SwampRun` shown.
     """
 
     def __init__(self, w0: float = 1.0, grad: float = -1.0, lr: float = 1e-4, steps: int = 1000,
@@ -299,7 +299,7 @@ class SwampingDemo(StaticView, widgets.VBox):
         update = -self.lr.value * self.grad
         precision = self.precision.value
         self.run = swamping_run(self.w0, update, self.steps, precision, master=self.master.value)
-        self.plot.value = png(cast_plots.swamping_plot(self.run, pyplot=False))
+        self.plot.value = png(plots.swamping_plot(self.run, pyplot=False))
         threshold = swamp_threshold(update, precision)
         where = ("The update itself rounds to 0 in " + precision if threshold == 0 else
                  f"In {precision}, an update of {abs(update):.3g} vanishes once |w| ≥ "

@@ -4,8 +4,8 @@
     stepper = scaler_stepper(growth_interval=3)
     stepper        # "next step", "inject inf", "10 clean steps"; stepper.scaler.history
 
-Each click runs one real iteration of :class:`mplab.scaler.GradScaler` (scale the loss,
-backward, step, update) on a small model (:class:`mplab.lessons.ScalerRun`), and the same
+Each click runs one real iteration of :class:`mplab.amp.scaler.GradScaler` (scale the loss,
+backward, step, update) on a small model (:class:`mplab.fixtures.ScalerRun`), and the same
 iteration with ``torch.amp.GradScaler`` beside it, so the widget shows torch agreeing at every
 step.
 """
@@ -16,8 +16,8 @@ import ipywidgets as widgets
 import torch
 
 from mplab import plots
-from mplab.lessons import ScalerRun
-from mplab.scaler import GradScaler
+from mplab.amp.scaler import GradScaler
+from mplab.fixtures import ScalerRun
 from mplab.widgets._common import StaticView, guarded, png
 
 __all__ = ["scaler_stepper", "ScalerStepper", "GROWTH_FACTORS", "BACKOFF_FACTORS", "ROWS_SHOWN"]
@@ -36,8 +36,8 @@ class ScalerStepper(StaticView, widgets.VBox):
     Outputs: `plot` (scale and tracker over the iterations), `table` (the latest iterations;
     `table_rows` holds them as data), `agreement` (whether torch.amp.GradScaler, run beside it,
     has the same scale, tracker and weights), `message`. `scaler` is the
-    :class:`mplab.scaler.GradScaler` being stepped; `run` and `torch_run` are the two runs
-    (:class:`mplab.lessons.ScalerRun`), with mplab's scaler and with torch's.
+    :class:`mplab.amp.scaler.GradScaler` being stepped; `run` and `torch_run` are the two runs
+    (:class:`mplab.fixtures.ScalerRun`), with mplab's scaler and with torch's.
     """
 
     def __init__(self, init_scale: float = 2.0**16, growth_interval: int = 3,
@@ -178,6 +178,6 @@ def _table_html(records: list[dict]) -> str:
 
 def scaler_stepper(init_scale: float = 2.0**16, growth_interval: int = 3,
                    growth_factor: float = 2.0, backoff_factor: float = 0.5) -> ScalerStepper:
-    """Step through :class:`mplab.scaler.GradScaler` one iteration per click, with inf
+    """Step through :class:`mplab.amp.scaler.GradScaler` one iteration per click, with inf
     injection, its settings as controls, and a live timeline of scale, tracker and skips."""
     return ScalerStepper(init_scale, growth_interval, growth_factor, backoff_factor)

@@ -4,7 +4,7 @@
     panel = failure_lab("clip_before_unscale")
     panel          # "run it", then "apply the fix and run again"; panel.rows: every run
 
-Each press runs one of :data:`mplab.lab.FAILURES` (the broken loop, or with a fix switched
+Each press runs one of :data:`mplab.diagnosis.lab.FAILURES` (the broken loop, or with a fix switched
 on) and shows what :func:`mplab.diagnose` makes of the run, so the learner sees the cause
 named from the run's own numbers, and then sees it gone.
 """
@@ -17,9 +17,9 @@ import warnings
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from mplab import lab, plots
+from mplab import plots
 from mplab._display import Table
-from mplab.diagnosis import CAUSES, Diagnosis, diagnose
+from mplab.diagnosis import CAUSES, Diagnosis, diagnose, lab
 from mplab.train import NonFiniteLossError, TrainResult, TrainWarning
 from mplab.widgets._common import StaticView, guarded, png
 
@@ -248,7 +248,7 @@ def runs_figure(runs: dict[str, TrainResult]) -> Figure:
 
 
 def failure_lab(failure: str = "clip_before_unscale", steps: int | None = None) -> FailureLab:
-    """The failure lab as a widget: pick one of mplab.lab.FAILURES, run it, read
+    """The failure lab as a widget: pick one of mplab.diagnosis.lab.FAILURES, run it, read
     mplab.diagnose's verdict, apply a fix, run again. `steps` overrides every failure's own
     step count (None keeps each failure's)."""
     return FailureLab(failure, steps)

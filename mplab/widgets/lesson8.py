@@ -10,9 +10,11 @@ import html
 
 import ipywidgets as widgets
 
-from mplab import plan
 from mplab._display import Table
+from mplab.train import plan
 from mplab.widgets._common import StaticView, guarded
+
+__all__ = ["RANKS", "GPUS", "COLOURS", "Planner", "planner"]
 
 RANKS = plan.RANKS
 GPUS = {"80 GB (A100 / H100)": 80, "141 GB (H200)": 141, "24 GB": 24}
@@ -21,7 +23,7 @@ COLOURS = {"weights": "#4c72b0", "gradients": "#dd8452", "master": "#55a868",
 
 
 class Planner(StaticView, widgets.VBox):
-    """Sliders and pickers for `mplab.plan.memory`; shows each part's GB per GPU as a bar
+    """Sliders and pickers for `mplab.train.plan.memory`; shows each part's GB per GPU as a bar
     against the GPU's memory and whether it fits. As data: `memory` (the plan.Memory shown, or
     None after a setting it refuses), `rows` (a Table of the parts), `message` (the refusal)."""
 

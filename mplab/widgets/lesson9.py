@@ -16,13 +16,15 @@ from mplab import lowbit
 from mplab._display import Table
 from mplab.widgets._common import StaticView, guarded, png
 
+__all__ = ["NO_BLOCK", "RecipeExplorer", "recipe_explorer"]
+
 NO_BLOCK = "(set by the recipe)"
 
 
 class RecipeExplorer(StaticView, widgets.VBox):
     """Pick a recipe, its block size and a tensor: see where the scaled values fall against
     the format's range (flushed to zero on the left, saturated on the right) and what the
-    recipe cost. As data: `quantized` (the mplab.quantize.Quantized shown), `rows` (its
+    recipe cost. As data: `quantized` (the mplab.lowbit.quantize.Quantized shown), `rows` (its
     figures as a Table), `message` (what went wrong, if anything)."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], recipe: str = "MXFP4",

@@ -7,8 +7,8 @@ values saturated, and bytes (lesson 9).
     q = apply("MXFP4", tensors["activation grad"], block=32)
     plot_scaled(q)                         # the scaled values against the format's range
 
-A recipe is a name in :data:`RECIPES`; :func:`apply` runs it (from :mod:`mplab.quantize` and
-:mod:`mplab.microscaling`, both equal to torchao bit for bit) on a 2-D tensor.
+A recipe is a name in :data:`RECIPES`; :func:`apply` runs it (from :mod:`mplab.lowbit.quantize` and
+:mod:`mplab.lowbit.microscaling`, both equal to torchao bit for bit) on a 2-D tensor.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from mplab import microscaling as M
-from mplab import quantize as Q
 from mplab._display import Table
-from mplab.capture import Capture
+from mplab.amp.capture import Capture
+from mplab.lowbit import microscaling as M
+from mplab.lowbit import quantize as Q
 
 __all__ = ["RECIPES", "BLOCKS", "DEFAULT_BLOCK", "MEASURES", "apply", "layer_tensors",
            "recipes_table", "recipe_table", "scaled_histogram", "plot_scaled", "outlier_blocks",
@@ -194,7 +194,7 @@ def outlier_blocks(x: torch.Tensor, recipe: str = "MXFP4", blocks=None) -> Table
 
 
 def delayed_table(steps, history_len: int = 4, algo: str = "max", margins=(0, 1)) -> Table:
-    """A run of delayed scaling (:class:`mplab.quantize.DelayedScaling`, e4m3) over `steps`
+    """A run of delayed scaling (:class:`mplab.lowbit.quantize.DelayedScaling`, e4m3) over `steps`
     (one tensor a step), once per margin: each step's amax, what its values were multiplied
     by before the cast, and the share saturated."""
     runs = {m: Q.DelayedScaling(history_len=history_len, algo=algo, margin=m) for m in margins}

@@ -6,8 +6,8 @@
     layer_weight()                    # lesson 1: weight[0, 0] of a freshly initialised Linear
     run = ScalerRun(GradScaler("cpu"))  # lesson 3: the stepper's model, one iteration per call
 
-Each is built from the library (mplab.data, mplab.models, mplab.train, mplab.capture,
-mplab.trace) the way a learner would build it, and the expensive ones are cached, so a notebook
+Each is built from the library (mplab.data, mplab.models, mplab.train, mplab.amp.capture,
+mplab.amp.trace) the way a learner would build it, and the expensive ones are cached, so a notebook
 and its exercises share one and the same.
 """
 
@@ -17,10 +17,10 @@ import functools
 
 import torch
 
-from mplab.capture import Capture, capture
+from mplab.amp.capture import Capture, capture
+from mplab.amp.trace import Trace, trace
 from mplab.data import encode, load_dataset
 from mplab.models import lesson_model, lesson_tokenizer
-from mplab.trace import Trace, trace
 from mplab.train import train
 
 __all__ = ["lesson_batch", "lesson_capture", "lesson_trace", "layer_weight", "ScalerRun"]
@@ -76,7 +76,7 @@ def layer_weight(seed: int = 0, row: int = 0, col: int = 0) -> float:
 
 class ScalerRun:
     """Lesson 3's stepper: a small model (``nn.Linear(8, 1)``, seed 0), SGD (lr 0.1) and a loss
-    scaler, either :class:`mplab.scaler.GradScaler` or ``torch.amp.GradScaler``, run one
+    scaler, either :class:`mplab.amp.scaler.GradScaler` or ``torch.amp.GradScaler``, run one
     iteration at a time on a fixed batch, so two runs can be compared step for step."""
 
     def __init__(self, scaler):

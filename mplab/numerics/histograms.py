@@ -6,8 +6,8 @@
 
 A loss scale s is a shift of log2|x| by log2(s): it moves every value of a histogram that many
 bins right, or, the same thing, every edge of a format's bands that far left. The counts come
-from :class:`mplab.casts.Magnitudes` (sorted once, then a few binary searches), the edges from
-:func:`mplab.casts.rounding_edges`, exact.
+from :class:`mplab.numerics.casts.Magnitudes` (sorted once, then a few binary searches), the edges from
+:func:`mplab.numerics.casts.rounding_edges`, exact.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mplab.casts import Magnitudes, as_scale, magnitudes_of, rounding_edges
-from mplab.formats import get_format
+from mplab.numerics.casts import Magnitudes, as_scale, magnitudes_of, rounding_edges
+from mplab.numerics.formats import get_format
 
 __all__ = ["EMPTY_BINS", "data_bins", "ExponentHistogram", "exponent_histogram", "Band",
            "format_bands"]
@@ -34,7 +34,7 @@ def _floor_log2(v: float) -> int:
 
 def data_bins(tensors) -> range:
     """The integer log2 edges of the fewest unit bins that hold every finite nonzero value of
-    one or more tensors (or :class:`~mplab.casts.Magnitudes`): from floor(log2 min|x|) to
+    one or more tensors (or :class:`~mplab.numerics.casts.Magnitudes`): from floor(log2 min|x|) to
     floor(log2 max|x|) + 1. :data:`EMPTY_BINS` when there is no such value."""
     parts = [m for m in magnitudes_of(tensors) if m.values.size]
     if not parts:
@@ -105,7 +105,7 @@ def _histogram(m: Magnitudes, edges: np.ndarray) -> ExponentHistogram:
 
 def exponent_histogram(tensor_or_tensors, bins=None) -> ExponentHistogram:
     """Histogram of log2|x| over the finite nonzero values of one or more tensors
-    (or precomputed :class:`~mplab.casts.Magnitudes`), with integer log2 edges; zeros counted
+    (or precomputed :class:`~mplab.numerics.casts.Magnitudes`), with integer log2 edges; zeros counted
     apart. bins: the edges, e.g. range(-60, 20); None (the default) for :func:`data_bins`,
     which leave no value outside.
 

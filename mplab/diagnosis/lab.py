@@ -1,6 +1,6 @@
 """Lesson 7's failure lab: each way a mixed precision run breaks, reproduced on a small model.
 
-    from mplab import lab
+    from mplab.diagnosis import lab
     result = lab.run("clip_before_unscale")            # the broken run: a TrainResult
     mplab.diagnose(result)                             # names the cause and the fix
     fixed = lab.run("clip_before_unscale", fix="unscale_first")
@@ -29,13 +29,20 @@ from dataclasses import dataclass
 import torch
 
 from mplab._display import Table
-from mplab.bf16 import LowPrecisionUpdate
 from mplab.data import DATA_DIR, batches, encode, load_dataset
-from mplab.diagnosis import CAUSES, Diagnosis
+from mplab.diagnosis.findings import CAUSES, Diagnosis
 from mplab.hardware import UNITS, has_units, resolve_device
 from mplab.models import lesson_tokenizer, warm_start
+from mplab.numerics.bf16_updates import LowPrecisionUpdate
 from mplab.train import NonFiniteLossError, Recorder, TrainResult, TrainWarning, train
 from mplab.train.result import OWN_LOOP
+
+__all__ = ["CannotReproduce", "LAB_SHAPE", "BATCH", "LAB_PRETRAINED", "LR", "lab_model",
+           "lab_batches", "Fp32Island", "fp16_overflow", "grow_feed_forward", "no_scaler",
+           "clip_before_unscale", "extra_update", "scale_collapse", "accumulation_scaler",
+           "accumulation_error", "fp16_ignored", "no_units", "scaler_bypassed", "diverged",
+           "autocast_off", "scaler_with_bf16", "frequent_skips", "stalled", "fp8_grad_scale",
+           "pure_bf16", "BF16_FIX_BYTES", "compare_bf16_fixes", "Failure", "FAILURES", "run"]
 
 
 class CannotReproduce(ValueError):

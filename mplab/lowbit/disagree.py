@@ -4,14 +4,14 @@
     disagreement_rows()      # the same rows as plain dicts; include_agreeing=True for every probe
 
 Each probe is a float32 input cast to one format by torch (``tensor.to(dtype)``), ml_dtypes
-(``array.astype``), mplab (:func:`mplab.formats.round_to`) and torchao (the cast its float8
+(``array.astype``), mplab (:func:`mplab.numerics.formats.round_to`) and torchao (the cast its float8
 training uses, ``to_fp8_saturated``, which clamps first; its MX element casts for fp4 and fp6).
 "—" marks a library with no such cast (torch has no unpacked fp4 or fp6; torchao no e8m0 cast).
 
 For e8m0 the row also holds the scale of an MXFP8 block (fp8_e4m3 elements) whose amax is
 |input| * 2^8, 8 being fp8_e4m3's emax, so that the OCP MX rule, 2^(floor(log2 amax) - emax),
 comes to 2^floor(log2 |input|): it rounds down where the cast of the input rounds to nearest.
-The columns: that rule as mplab computes it (:func:`mplab.microscaling.mx_scale_exponent`), and
+The columns: that rule as mplab computes it (:func:`mplab.lowbit.microscaling.mx_scale_exponent`), and
 torchao's ``to_mx`` in its FLOOR and RCEIL modes. Nothing here is typed in: a library that
 changes its mind in a new version changes the table.
 """
@@ -24,10 +24,10 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from mplab import formats as F
 from mplab._display import Table
-from mplab.microscaling import mx_scale_exponent
-from mplab.quantize import load_torchao
+from mplab.lowbit.microscaling import mx_scale_exponent
+from mplab.lowbit.quantize import load_torchao
+from mplab.numerics import formats
 
 __all__ = ["PROBES", "ML_DTYPES", "MX_ELEMENT", "CAST_COLUMNS", "MX_COLUMNS", "disagreements",
            "disagreement_rows", "cells_differ"]
@@ -55,18 +55,18 @@ MX_COLUMNS = ("OCP MX floor", "torchao FLOOR", "torchao RCEIL")
 NONE = "—"  # the library has no such operation
 
 
-def _torch_cast(x: float, f: F.FloatFormat):
+def _torch_cast(x: float, f: formats.FloatFormat):
     if f.dtype() is None:
         return NONE
     return torch.tensor([x], dtype=torch.float32).to(f.dtype()).double().item()
 
 
-def _ml_dtypes_cast(x: float, f: F.FloatFormat) -> float:
+def _ml_dtypes_cast(x: float, f: formats.FloatFormat) -> float:
     return float(np.array([x], np.float32).astype(getattr(ml_dtypes, ML_DTYPES[f.name]))
                  .astype(np.float64)[0])
 
 
-def _torchao_cast(x: float, f: F.FloatFormat):
+def _torchao_cast(x: float, f: formats.FloatFormat):
     load_torchao()
     from torchao.float8.float8_utils import to_fp8_saturated
     from torchao.prototype.mx_formats import kernels
@@ -85,7 +85,7 @@ def _torchao_cast(x: float, f: F.FloatFormat):
 def _mx_block(x: float) -> torch.Tensor:
     """One MX block (32 elements) whose amax is |x| * 2^emax of the element format."""
     block = torch.zeros(1, 32)
-    block[0, 0] = x * 2.0 ** F.get_format(MX_ELEMENT).emax
+    block[0, 0] = x * 2.0 ** formats.get_format(MX_ELEMENT).emax
     return block
 
 
@@ -96,17 +96,17 @@ def _mx_scales(x: float) -> dict:
 
     block = _mx_block(x)
     k = int(mx_scale_exponent(block.abs().amax(), MX_ELEMENT, "floor"))
-    out = {"OCP MX floor": F.from_bits(k + 127, "e8m0")}  # 128, NaN, is code 0xFF
+    out = {"OCP MX floor": formats.from_bits(k + 127, "e8m0")}  # 128, NaN, is code 0xFF
     for mode in ("FLOOR", "RCEIL"):
-        scale, _ = to_mx(block, F.dtype_of(MX_ELEMENT), 32, ScaleCalculationMode[mode])
+        scale, _ = to_mx(block, formats.dtype_of(MX_ELEMENT), 32, ScaleCalculationMode[mode])
         out[f"torchao {mode}"] = scale.double().item()
     return out
 
 
 def _probe(name: str, x: float) -> dict:
-    f = F.get_format(name)
+    f = formats.get_format(name)
     row = {"cast to": name, "input": x, "torch": _torch_cast(x, f),
-           "ml_dtypes": _ml_dtypes_cast(x, f), "mplab": F.round_to(x, f),
+           "ml_dtypes": _ml_dtypes_cast(x, f), "mplab": formats.round_to(x, f),
            "torchao": _torchao_cast(x, f)}
     row.update(_mx_scales(x) if name == "e8m0" else dict.fromkeys(MX_COLUMNS, NONE))
     return row
@@ -160,7 +160,7 @@ def _note(rows: list[dict]) -> str:
         rule = len(mx) - len(_pairs_differ(mx, "OCP MX floor", "torchao FLOOR"))
         parts.append(
             f"MX columns: the scale of an MXFP8 block with amax |input| * 2^"
-            f"{F.get_format(MX_ELEMENT).emax}; a plain cast of the input differs from the OCP "
+            f"{formats.get_format(MX_ELEMENT).emax}; a plain cast of the input differs from the OCP "
             f"floor on {len(cast_vs_rule)} of {len(mx)}, torchao FLOOR from RCEIL on "
             f"{len(floor_vs_rceil)}, mplab's floor equals torchao's FLOOR on {rule}.")
     if agreed:

@@ -6,7 +6,7 @@
     cap.repeats("activation_grads")               # tensors that are another's, or its sum
 
 These are the values a cast to fp16 or bf16 would hit in a real step, kept as fp32 copies so
-that :mod:`mplab.casts` can count what any format and loss scale would do to them.
+that :mod:`mplab.numerics.casts` can count what any format and loss scale would do to them.
 """
 
 from __future__ import annotations
@@ -18,8 +18,15 @@ import torch
 from torch import nn
 
 from mplab._display import Table
-from mplab.casts import CastStats, Magnitudes, as_scale, combined, scale_text, storage_format
-from mplab.histograms import ExponentHistogram, data_bins, exponent_histogram
+from mplab.numerics.casts import (
+    CastStats,
+    Magnitudes,
+    as_scale,
+    combined,
+    scale_text,
+    storage_format,
+)
+from mplab.numerics.histograms import ExponentHistogram, data_bins, exponent_histogram
 
 __all__ = ["KINDS", "Capture", "capture"]
 
@@ -133,15 +140,15 @@ class Capture:
 
     def stats(self, precision="fp16", scale=1.0, kind: str = "weight_grads", *,
               rel_error: bool = True) -> dict[str, CastStats]:
-        """name -> :class:`~mplab.casts.CastStats` of casting that tensor times scale to the
+        """name -> :class:`~mplab.numerics.casts.CastStats` of casting that tensor times scale to the
         format."""
         return {n: m.stats(precision, scale, rel_error=rel_error)
                 for n, m in self.magnitudes(kind).items()}
 
     def histograms(self, kind: str = "weight_grads", bins=None
                    ) -> dict[str, ExponentHistogram]:
-        """name -> :class:`~mplab.histograms.ExponentHistogram` of log2|x|, all on the same bins
-        (they add up): by default the :func:`~mplab.histograms.data_bins` of the whole kind."""
+        """name -> :class:`~mplab.numerics.histograms.ExponentHistogram` of log2|x|, all on the same bins
+        (they add up): by default the :func:`~mplab.numerics.histograms.data_bins` of the whole kind."""
         mags = self.magnitudes(kind)
         bins = data_bins(list(mags.values())) if bins is None else bins
         return {n: exponent_histogram(m, bins) for n, m in mags.items()}
@@ -150,7 +157,7 @@ class Capture:
               rel_error: bool = True) -> Table:
         """One row per tensor, and a last row "(all)": the share of its values that were 0
         already, and of its nonzero values the shares lost to 0, landing subnormal and
-        overflowing (:meth:`~mplab.casts.CastStats.row`); relative error of the rest;
+        overflowing (:meth:`~mplab.numerics.casts.CastStats.row`); relative error of the rest;
         largest |x|."""
         f = storage_format(precision)
         s = as_scale(scale)

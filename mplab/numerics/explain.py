@@ -5,7 +5,7 @@
     compare([0.1, 1e-8], ["fp16", "bf16"])
     exact_decimal(round_to(0.1, "fp32"))   # '0.100000001490116119384765625'
 
-Every figure comes from :mod:`mplab.formats`' exact arithmetic; this module only arranges
+Every figure comes from :mod:`mplab.numerics.formats`' exact arithmetic; this module only arranges
 it for a reader. `precision` is a format name, a FloatFormat or a torch dtype.
 """
 
@@ -17,7 +17,7 @@ from decimal import ROUND_DOWN, Context, Decimal
 from fractions import Fraction
 
 from mplab._display import Table
-from mplab.formats import (
+from mplab.numerics.formats import (
     FORMATS,
     exact_value,
     field_bits,
@@ -98,7 +98,7 @@ class Decomposed:
 
 def decompose(x, precision, *, exact: bool = False) -> Decomposed:
     """Cast x to the format and explain the result field by field (``exact`` as in
-    :func:`mplab.formats.to_bits`)."""
+    :func:`mplab.numerics.formats.to_bits`)."""
     f = get_format(precision)
     bits = to_bits(x, f, exact=exact)
     sign, exp_field, man = field_bits(bits, f)

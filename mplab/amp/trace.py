@@ -46,8 +46,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from mplab._display import Table
-from mplab.formats import dtype_of, get_format
 from mplab.hardware import resolve_device
+from mplab.numerics.formats import dtype_of, get_format
+
+__all__ = ["KINDS", "OpRecord", "Trace", "LayerView", "parse_precision", "trace", "POLICY_CALLS",
+           "autocast_policy", "MatmulDtypeProbe"]
 
 CAST, EXPLICIT_CAST = "cast (autocast)", "cast (explicit)"
 LOW, FP32_AUTOCAST, PROMOTE = "low precision", "fp32 (autocast)", "fp32 (promoted)"

@@ -14,7 +14,7 @@ is :func:`round_to_format`, written here with tensor arithmetic (no torch float8
 equal bit for bit to torch's casts and to ml_dtypes'. The scales follow torchao 0.18's float8
 training code (``amax_to_scale``: ``max / clamp(amax, 1e-12)`` in float64, then float32; the
 tensor times the scale, clamped, cast; dequantised as values / scale), so the results equal
-torchao's bit for bit. Microscaling (MXFP8, MXFP4, NVFP4) is :mod:`mplab.microscaling`.
+torchao's bit for bit. Microscaling (MXFP8, MXFP4, NVFP4) is :mod:`mplab.lowbit.microscaling`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mplab.formats import FloatFormat, get_format, to_bits
+from mplab.numerics.formats import FloatFormat, get_format, to_bits
 
 __all__ = ["Quantized", "round_to_format", "scale_and_cast", "abs_max", "encode",
            "tensorwise", "rowwise", "blockwise", "DelayedScaling", "scaled_mm", "element_format",

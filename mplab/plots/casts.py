@@ -7,8 +7,8 @@
 Where the values land among a format's bands (flushed to 0, subnormal, normal, overflow) at a
 loss scale, what every scale from 2^0 to 2^24 loses, and the updates a narrow weight drops.
 Every share drawn or written is of the nonzero values (zeros lose nothing), as in the tables.
-Every number drawn is computed by :mod:`mplab.casts`, :mod:`mplab.histograms` and
-:mod:`mplab.failures`; the colours of the formats are :data:`mplab.plots.FORMAT_COLORS`.
+Every number drawn is computed by :mod:`mplab.numerics.casts`, :mod:`mplab.numerics.histograms` and
+:mod:`mplab.numerics.failures`; the colours of the formats are :data:`mplab.plots.FORMAT_COLORS`.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle, StepPatch
 
-from mplab.casts import Magnitudes, as_scale, good_scale_window
-from mplab.failures import SwampRun
-from mplab.formats import get_format
-from mplab.histograms import ExponentHistogram, data_bins, exponent_histogram, format_bands
-from mplab.plots import FORMAT_COLORS, new_figure
+from mplab.numerics.casts import Magnitudes, as_scale, good_scale_window
+from mplab.numerics.failures import SwampRun
+from mplab.numerics.formats import get_format
+from mplab.numerics.histograms import ExponentHistogram, data_bins, exponent_histogram, format_bands
+from mplab.plots.formats import FORMAT_COLORS, new_figure
 
 __all__ = ["BAND_COLORS", "exponent_histogram_plot", "scale_sweep_plot", "swamping_plot"]
 
-#: Shading of a format's bands (see mplab.histograms.format_bands).
+#: Shading of a format's bands (see mplab.numerics.histograms.format_bands).
 BAND_COLORS = {"zero": "#9d9d9d", "subnormal": "#f2c45a", "normal": "#9bd5a4",
                "overflow": "#e45756"}
 
@@ -65,16 +65,16 @@ def exponent_histogram_plot(values, precision="fp16", scale=1.0, ax=None, *,
                             bins=None, xlim=None, title=None,
                             pyplot: bool = True) -> Figure:
     """Histogram of log2|x · scale| with the format's bands shaded: flushed to 0, subnormal,
-    normal, overflow (:func:`mplab.histograms.format_bands`).
+    normal, overflow (:func:`mplab.numerics.histograms.format_bands`).
 
     values: a tensor, a list or dict of tensors (one line per layer, and "all" filled),
-    :class:`~mplab.casts.Magnitudes` (sorted once: redrawing for a new scale then only
-    shifts the bins) or :class:`~mplab.histograms.ExponentHistogram`. A scale of 2^k moves every
+    :class:`~mplab.numerics.casts.Magnitudes` (sorted once: redrawing for a new scale then only
+    shifts the bins) or :class:`~mplab.numerics.histograms.ExponentHistogram`. A scale of 2^k moves every
     value k binades right; the unscaled total stays as a dashed outline, and a box gives the
     exact shares of the nonzero values a real cast would flush, leave subnormal and overflow
     (not for bare histograms).
     bins: integer log2 edges; None (the default) for the bins that hold every value
-    (:func:`mplab.histograms.data_bins`), so the axis reaches the smallest and the largest.
+    (:func:`mplab.numerics.histograms.data_bins`), so the axis reaches the smallest and the largest.
     Values outside given bins are not drawn, and the legend counts them.
     xlim: (lo, hi) in log2 units; fix it to keep the axis still while the scale changes.
     ax: draw there; otherwise a new figure (made by pyplot unless ``pyplot=False``).
@@ -200,14 +200,14 @@ def _scale_label(s: float) -> str:
 def scale_sweep_plot(sweep, ax=None, *, underflow_tol: float = 1e-3, overflow_tol: float = 0.0,
                      pyplot: bool = True) -> Figure:
     """The shares of the nonzero values lost to 0 and overflowing in a
-    :func:`mplab.casts.scale_sweep`, against log2 of the scale, with the good window shaded:
+    :func:`mplab.numerics.casts.scale_sweep`, against log2 of the scale, with the good window shaded:
     the scales that lose at most underflow_tol and overflow at most overflow_tol of the same
-    nonzero values (:func:`mplab.casts.good_scale_window`, computed here so that the curve
+    nonzero values (:func:`mplab.numerics.casts.good_scale_window`, computed here so that the curve
     and the window share one denominator). The y axis is linear up to 10^-6 and logarithmic
     above, so that a handful of overflowing values shows. Returns the figure."""
     rows = list(sweep)
     if not rows:
-        raise ValueError("the sweep is empty; pass what mplab.casts.scale_sweep returns")
+        raise ValueError("the sweep is empty; pass what mplab.numerics.casts.scale_sweep returns")
     window = good_scale_window(rows, underflow_tol, overflow_tol)
     if ax is None:
         fig = new_figure((6.5, 3.2), pyplot)
@@ -244,11 +244,11 @@ def _share(x: float) -> str:
 
 
 def swamping_plot(run, ax=None, *, pyplot: bool = True) -> Figure:
-    """The weight over the steps of a :func:`mplab.failures.swamping_run`: what the format kept
+    """The weight over the steps of a :func:`mplab.numerics.failures.swamping_run`: what the format kept
     (and the fp32 master copy, if any) against the exact sum, with the first lost update
     marked. Returns the figure."""
     if not isinstance(run, SwampRun):
-        raise TypeError(f"swamping_plot takes what mplab.failures.swamping_run returns, got "
+        raise TypeError(f"swamping_plot takes what mplab.numerics.failures.swamping_run returns, got "
                         f"{type(run).__name__}")
     if ax is None:
         fig = new_figure((6.5, 3.0), pyplot)

@@ -8,13 +8,13 @@
     good_scale_window(sweep), largest_safe_scale(mags, "fp16")
 
 Everything here is measured with torch's own casts, and the edges come from
-:mod:`mplab.formats`' exact arithmetic, so the two agree to the bit. The rounding rules every
+:mod:`mplab.numerics.formats`' exact arithmetic, so the two agree to the bit. The rounding rules every
 count follows (round to nearest, ties to even) are :class:`RoundingEdges`.
 
 Every tensor is first taken as fp32 (``t.float()``: integer tensors are converted, which is
 exact up to 2^24; bool and complex tensors are a TypeError), and a scale is taken as the
 fp32 number torch multiplies by (``t.float() * scale`` rounds the scale to fp32 first).
-Casts run on the CPU, where mplab.formats matches torch bit for bit.
+Casts run on the CPU, where mplab.numerics.formats matches torch bit for bit.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from mplab._display import Table
-from mplab.formats import FloatFormat, floor_log2, get_format
+from mplab.numerics.formats import FloatFormat, floor_log2, get_format
 
 __all__ = [
     "as_scale", "storage_format", "fp32_values", "scale_text", "RoundingEdges",
@@ -299,7 +299,7 @@ def cast_stats(tensor, precision, scale=1.0) -> CastStats:
     Integer tensors are converted to fp32 first; bool or complex tensors are a TypeError;
     an empty tensor gives all counts 0 and all fractions 0.0. Overflow in fp16, bf16, e5m2 and
     fp32 is read off the cast (it made ±inf); torch's e4m3 cast saturates, so there a value
-    counts as overflowed when |x·scale| is past 464, the edge mplab.formats rounds beyond 448 at.
+    counts as overflowed when |x·scale| is past 464, the edge mplab.numerics.formats rounds beyond 448 at.
     """
     f = storage_format(precision)
     x = fp32_values(tensor, "tensor")

@@ -1,7 +1,7 @@
 """Bytes per parameter, planned (lesson 8): what each rank holds for the weights, gradients,
 optimizer states and master weights of a policy, at N ranks and a sharding stage.
 
-    from mplab import plan
+    from mplab.train import plan
     plan.memory(7e9, "bf16_master", world_size=64, sharding="zero3").gb_per_rank   # 1.75
     plan.table([1e9, 7e9, 70e9], [8, 64, 512], "bf16_master", "zero3", gpu_gb=80)
 
@@ -30,6 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mplab._display import Table
+
+__all__ = ["POLICIES", "SHARDINGS", "RANKS", "GB", "Memory", "memory", "table", "PLAYBOOK",
+           "DIFFERENCES", "playbook_table"]
 
 # bytes per parameter: (weights, gradients, master, optimizer states, transient copy)
 POLICIES = {"fp32": (4, 4, 0, 8, 0), "amp": (4, 4, 0, 8, 2), "bf16": (2, 2, 0, 4, 0),

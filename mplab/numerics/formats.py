@@ -8,7 +8,7 @@ hood), and agrees bit for bit with torch's own casts on CPU:
 
 `precision` may be a :class:`FloatFormat`, its name ("fp32", "tf32", "fp16", "bf16",
 "fp8_e4m3", "fp8_e5m2") or the matching torch dtype. What a format stores, explained field by
-field and in tables, is :mod:`mplab.explain`.
+field and in tables, is :mod:`mplab.numerics.explain`.
 
 Two behaviours of torch are matched on purpose and worth knowing:
 
@@ -31,12 +31,14 @@ from fractions import Fraction
 
 import torch
 
-from mplab.parse import exact_value, parse_number, read_number, to_float
+from mplab.numerics.parse import exact_value, parse_number, read_number, to_float
 
 __all__ = [
     "FloatFormat", "FORMATS", "get_format", "dtype_of", "parse_number", "exact_value",
     "from_bits", "to_bits", "round_to", "field_bits", "kind_of", "ulp", "next_up", "next_down",
-    "E4M3_NAN_ON_OVERFLOW", "floor_log2", "LOW_BIT_FORMATS", "ALL_FORMATS",
+    "E4M3_NAN_ON_OVERFLOW", "floor_log2", "LOW_BIT_FORMATS", "ALL_FORMATS", "dtype_name",
+    "dtype_from_name", "FP32", "TF32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP8_E4M3FNUZ",
+    "FP8_E5M2FNUZ", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1", "E8M0",
 ]
 
 

@@ -34,8 +34,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from mplab._display import Table
-from mplab.formats import dtype_from_name, dtype_name, dtype_of
-from mplab.trace import MatmulDtypeProbe
+from mplab.amp.trace import MatmulDtypeProbe
+from mplab.numerics.formats import dtype_from_name, dtype_name, dtype_of
+
+__all__ = ["DTYPE_FIELDS", "FALLBACKS", "Fallback", "Observer", "Audit", "audit",
+           "autocast_supported"]
 
 _LOW = (torch.float16, torch.bfloat16)
 DTYPE_FIELDS = ("param_dtype", "grad_dtype", "optimizer_state_dtype", "compute_dtype",
@@ -237,7 +240,7 @@ def audit(model: torch.nn.Module, optimizer=None, *, scaler=None, result=None, b
     """Audit a model, its optimizer and run: see the module docstring.
 
     `optimizer`: a torch optimizer, or Accelerate's prepared one (its scaler is then found
-    too). `scaler`: a torch.amp.GradScaler or mplab.scaler.GradScaler. `result`: a finished
+    too). `scaler`: a torch.amp.GradScaler or mplab.amp.scaler.GradScaler. `result`: a finished
     `mplab.train` run (what was asked, the dtypes it observed, its skipped steps). `batch`: a
     dict for `model(**batch)` (with labels, so a loss is there): one forward and backward step
     is run and watched, with the model's gradients restored after. `autocast`: the context

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 
 from mplab._display import Table
-from mplab.casts import fp32_values, storage_format
-from mplab.formats import floor_log2, get_format
+from mplab.numerics.casts import fp32_values, storage_format
+from mplab.numerics.formats import floor_log2, get_format
 
 __all__ = ["finite_number", "SwampRun", "swamping_run", "swamp_threshold", "RunningSum",
            "running_sum", "T5_ACTIVATION", "StageRecord", "OverflowDemo", "overflow_demo",
-           "ATTENTION_SCORE", "attention_overflow_demo", "inf_arithmetic"]
+           "ATTENTION_SCORE", "attention_overflow_demo", "inf_arithmetic", "sum_across_ranks"]
 
 
 # --- swamping and master weights ---------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Lesson 4 widget: train the lesson model in fp32, fp16 or bf16 and compare the runs.
 
-    from mplab.widgets.lesson4 import training_panel
+    from mplab.widgets.training import training_panel
     panel = training_panel(steps=60)
     panel          # pick a path, precision and device, press "train"; panel.results: the runs
 
@@ -31,7 +31,7 @@ from mplab.train import (
 )
 from mplab.widgets._common import StaticView, guarded, png
 
-__all__ = ["training_panel", "TrainingPanel"]
+__all__ = ["training_panel", "TrainingPanel", "comparison"]
 
 _REDRAWS = 12  # live plot updates per run: a redraw costs ~0.1 s, a lesson step ~0.03 s
 

@@ -23,8 +23,7 @@ import math
 
 import torch
 
-from mplab.formats import FP8_E4M3, FloatFormat
-from mplab.quantize import (
+from mplab.lowbit.quantize import (
     Quantized,
     abs_max,
     element_format,
@@ -32,6 +31,7 @@ from mplab.quantize import (
     round_to_format,
     scale_and_cast,
 )
+from mplab.numerics.formats import FP8_E4M3, FloatFormat
 
 __all__ = ["mx", "nvfp4", "MX_ELEMENTS", "MX_MODES", "mx_scale_exponent"]
 

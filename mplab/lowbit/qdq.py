@@ -5,7 +5,7 @@
     y = qdq_linear(x, weight, bias)                      # the functional form
 
 Forward, the input and the weight are cast to e4m3 with one scale per tensor
-(`mplab.quantize.tensorwise`) and multiplied as the dequantised values, in fp32; backward, the
+(`mplab.lowbit.quantize.tensorwise`) and multiplied as the dequantised values, in fp32; backward, the
 output gradient is cast to e5m2 the same way, and both gradients are computed in fp32 from the
 dequantised values. That is torchao's float8 "tensorwise" recipe as its emulation computes it,
 and equal to it bit for bit. A `QDQRecipe` says which formats and scaling; `GradCasts` counts
@@ -19,7 +19,7 @@ import dataclasses
 
 import torch
 
-from mplab.quantize import Quantized, element_format, round_to_format, tensorwise
+from mplab.lowbit.quantize import Quantized, element_format, round_to_format, tensorwise
 
 __all__ = ["QDQRecipe", "QDQ_RECIPES", "GradCasts", "qdq_linear", "QDQLinear", "fp8_filter",
            "convert_to_qdq"]
