@@ -1,7 +1,7 @@
 """References the cast tests share: tensors that reach every edge, and torch's own casts.
 
-A test's reference here is torch's cast itself (or mplab.numerics.formats' exact rounding), never the
-code under test."""
+A test's reference here is torch's cast itself (or mplab.numerics.formats' exact rounding), never
+the code under test."""
 
 import math
 

@@ -1,5 +1,5 @@
-"""Lesson 1's exercises: each reference against mplab.numerics.formats and torch's own casts, and the
-feedback a learner's likely mistakes get (the concept missed, never the answer)."""
+"""Lesson 1's exercises: each reference against mplab.numerics.formats and torch's own casts, and
+the feedback a learner's likely mistakes get (the concept missed, never the answer)."""
 
 import ast
 import math
@@ -106,7 +106,8 @@ def test_1_4_numbers_are_not_in_any_table_or_text_before_it():
                 assert not re.search(rf"(?<![\d.]){re.escape(form)}(?![\d])", shown), form
 
 
-FP16_EDGES = [float(formats.FP16.max_finite), float(formats.FP16.min_normal), float(formats.FP16.min_subnormal)]
+FP16_EDGES = [float(formats.FP16.max_finite), float(formats.FP16.min_normal),
+              float(formats.FP16.min_subnormal)]
 
 
 def _binades_from_fp16_edges(x: float) -> float:

@@ -1,5 +1,5 @@
-"""mplab.numerics.explain: what a format stores for a number, field by field, in tables and in words;
-every figure against torch's casts or mplab.numerics.formats' exact values."""
+"""mplab.numerics.explain: what a format stores for a number, field by field, in tables and in
+words; every figure against torch's casts or mplab.numerics.formats' exact values."""
 
 import math
 
@@ -66,7 +66,8 @@ def test_stored_row_is_the_explorers_row_of_one_format():
     row = E.stored_row(1e-8, d, "fp32")
     assert row == {"format": "fp32", "stored value, exactly": E.exact_decimal(d.value),
                    "kind": "normal", "abs. error": d.abs_error, "rel. error": d.rel_error,
-                   "spacing here (ulp)": formats.ulp(d.value, "fp32"), "bits": formats.to_bits(1e-8, "fp32"),
+                   "spacing here (ulp)": formats.ulp(d.value, "fp32"),
+                   "bits": formats.to_bits(1e-8, "fp32"),
                    "note": ""}
     inf = E.stored_row(1e6, E.decompose(1e6, "fp16"), "fp16")
     assert math.isnan(inf["spacing here (ulp)"]) and inf["note"] == "overflow: became inf"

@@ -1,5 +1,5 @@
-"""mplab.numerics.failures against torch's arithmetic (and mplab.numerics.formats): swamped updates, stalled sums,
-an fp16 overflow that turns NaN."""
+"""mplab.numerics.failures against torch's arithmetic (and mplab.numerics.formats): swamped updates,
+stalled sums, an fp16 overflow that turns NaN."""
 
 import math
 

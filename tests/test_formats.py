@@ -1,4 +1,5 @@
-"""mplab.numerics.formats against torch's casts: every 8- and 16-bit pattern, 10^5+ random fp32 values."""
+"""mplab.numerics.formats against torch's casts: every 8- and 16-bit pattern, 10^5+ random fp32
+values."""
 
 import math
 from decimal import Decimal
@@ -97,7 +98,8 @@ def test_to_bits_fp32_matches_torch_on_random_doubles():
 def test_a_python_float_is_cast_through_fp32_like_torch_and_exact_rounds_once():
     # 1 + 2^-11 + 2^-40 is just above an fp16 tie, but its fp32 rounding lands on the tie.
     x = 1 + 2.0 ** -11 + 2.0 ** -40
-    assert formats.round_to(x, "fp16") == torch.tensor([x], dtype=torch.float64).half().item() == 1.0
+    by_torch = torch.tensor([x], dtype=torch.float64).half().item()
+    assert formats.round_to(x, "fp16") == by_torch == 1.0
     assert formats.round_to(x, "fp16", exact=True) == 1 + 2.0 ** -10
 
 
@@ -134,16 +136,20 @@ def test_next_up_and_down_walk_the_format_in_order(fmt):
     while x < float(f.max_finite) and len(seen) < 300:
         seen.append(x)
         nxt = formats.next_up(x, fmt)
-        assert nxt > x and formats.next_down(nxt, fmt) == x or (x == 0 and nxt == formats.from_bits(1, fmt))
+        assert nxt > x and formats.next_down(nxt, fmt) == x or (
+            x == 0 and nxt == formats.from_bits(1, fmt))
         x = nxt
     if f.bits == 8:  # walked all finite values, less the extra zero
-        finite = {formats.from_bits(b, fmt) for b in range(256) if math.isfinite(formats.from_bits(b, fmt))}
+        finite = {formats.from_bits(b, fmt) for b in range(256)
+                  if math.isfinite(formats.from_bits(b, fmt))}
         assert len(seen) + 1 == len(finite)
 
 
 def test_neighbours_of_values_between_grid_points_and_at_the_edges():
-    assert formats.next_up(0.1, "fp16") == formats.from_bits(formats.to_bits(0.1, "fp16") + 1, "fp16")
-    assert formats.next_down(0.1, "fp16") == formats.round_to(0.1, "fp16")  # 0.1 rounds down in fp16
+    above = formats.from_bits(formats.to_bits(0.1, "fp16") + 1, "fp16")
+    assert formats.next_up(0.1, "fp16") == above
+    # 0.1 rounds down in fp16
+    assert formats.next_down(0.1, "fp16") == formats.round_to(0.1, "fp16")
     assert formats.next_up(65504, "fp16") == math.inf
     assert math.isnan(formats.next_up(448, "fp8_e4m3"))  # e4m3 has no infinity
     assert formats.next_down(1e9, "fp16") == 65504
@@ -173,7 +179,8 @@ def test_accepts_the_ways_a_learner_writes_numbers():
     assert formats.round_to(torch.tensor([2.5]), "fp16") == 2.5
     assert formats.parse_number("2**-24") == Fraction(1, 2 ** 24)
     assert formats.parse_number("-pi") == -math.pi
-    assert math.copysign(1, formats.parse_number("-0")) == -1 and formats.to_bits("-0", "fp16") == 0x8000
+    assert math.copysign(1, formats.parse_number("-0")) == -1
+    assert formats.to_bits("-0", "fp16") == 0x8000
     assert formats.get_format(torch.bfloat16) is formats.get_format("bf16")
 
 
@@ -213,7 +220,8 @@ def test_numbers_beyond_every_format_are_quick_zeros_or_infinities(huge):
 def test_kind_of_and_exact_value_read_patterns_and_numbers_exactly():
     assert [formats.kind_of(b, "fp16") for b in (0x0000, 0x0001, 0x3C00, 0x7C00, 0x7E00)] == [
         "zero", "subnormal", "normal", "inf", "nan"]
-    assert formats.kind_of(0x7F, "fp8_e4m3") == "nan" and formats.kind_of(0x7E, "fp8_e4m3") == "normal"
+    assert formats.kind_of(0x7F, "fp8_e4m3") == "nan"
+    assert formats.kind_of(0x7E, "fp8_e4m3") == "normal"
     assert formats.exact_value("0.1") == (False, Fraction(1, 10))
     assert formats.exact_value(-0.0) == (True, Fraction(0))
     assert formats.exact_value(float("-inf")) == (True, math.inf)

@@ -88,7 +88,8 @@ def test_landmarks_are_ml_dtypes_finfo(name, top, smallest):
 
 
 def test_specials_of_each_convention():
-    assert formats.kind_of(0x80, "fp8_e4m3fnuz") == "nan" and formats.kind_of(0x00, "fp8_e4m3fnuz") == "zero"
+    assert formats.kind_of(0x80, "fp8_e4m3fnuz") == "nan"
+    assert formats.kind_of(0x00, "fp8_e4m3fnuz") == "zero"
     assert formats.to_bits(-0.0, "fp8_e4m3fnuz") == 0  # FNUZ has no -0
     assert formats.to_bits(1e9, "fp8_e5m2fnuz") == 0x80  # an overflow is NaN, as torch casts
     assert formats.kind_of(0xFF, "e8m0") == "nan" and formats.kind_of(0, "e8m0") == "normal"

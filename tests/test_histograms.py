@@ -1,5 +1,5 @@
-"""mplab.numerics.histograms: exponent histograms counted against torch.frexp, and the bands of a format
-at their exact rounding edges."""
+"""mplab.numerics.histograms: exponent histograms counted against torch.frexp, and the bands of a
+format at their exact rounding edges."""
 
 import math
 

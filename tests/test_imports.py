@@ -291,6 +291,27 @@ def test_notebooks_import_only_exported_names(path):
     assert not wrong, f"{path.name} uses names mplab does not export: {wrong}"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_import_from_packages_not_from_deep_inside_them(path):
+    """A lesson imports from a package (`mplab.train`), a module at the root (`mplab.models`),
+    or a module its package exports (`mplab.amp.trace`): never one a package keeps to itself
+    (`mplab.train.trainer_path`)."""
+    nb = nbformat.read(path, as_version=4)
+    tree = ast.parse("\n".join(c.source for c in nb.cells if c.cell_type == "code"))
+    sources = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+               and n.module and within(n.module, "mplab")}
+    sources |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+                if within(a.name, "mplab")}
+
+    def reachable(module: str) -> bool:
+        parent, _, leaf = module.rpartition(".")
+        return (MODULES[module].name == "__init__.py" or parent == "mplab"
+                or leaf in importlib.import_module(parent).__all__)
+
+    deep = sorted(m for m in sources if not reachable(m))
+    assert not deep, f"{path.name} imports from modules its packages do not export: {deep}"
+
+
 def test_the_package_root_holds_a_handful_of_modules():
     root = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(root) <= 10, f"{len(root)} modules at mplab's root: {root}"

@@ -37,7 +37,8 @@ def shown_bits(explorer, fmt: str) -> str:
 def assert_rows_show(explorer, x: float, names=formats.FORMATS) -> None:
     for name in names:
         bits = formats.to_bits(x, name)
-        assert shown_bits(explorer, name) == format(bits, f"0{formats.get_format(name).bits}b"), name
+        width = formats.get_format(name).bits
+        assert shown_bits(explorer, name) == format(bits, f"0{width}b"), name
         assert f"= {formats.from_bits(bits, name)!r}" in explorer.rows[name].value.value, name
 
 
@@ -449,7 +450,8 @@ def test_ulp_plot_draws_each_format_as_a_staircase_of_its_ulps():
         for attr in ("min_subnormal", "min_normal", "max_finite"):  # underflow / overflow edges
             assert lines[f"edge-{name}-{attr}"].get_xdata()[0] == float(getattr(f, attr))
     lo, hi = closeup.get_xlim()
-    assert lo < float(formats.FORMATS["fp16"].min_subnormal) and hi > float(formats.FORMATS["fp16"].max_finite)
+    fp16 = formats.FORMATS["fp16"]
+    assert lo < float(fp16.min_subnormal) and hi > float(fp16.max_finite)
 
 
 def test_ulp_plot_marks_x_on_every_curve_that_holds_it():

@@ -1,7 +1,7 @@
 """Lesson 7's failure lab, driven from Python as a learner drives it in the browser.
 
-The reference is mplab.diagnosis.lab and mplab.diagnose called directly: the widget must show what they
-say, and decide "fixed" by whether diagnose still finds the failure's cause."""
+The reference is mplab.diagnosis.lab and mplab.diagnose called directly: the widget must show what
+they say, and decide "fixed" by whether diagnose still finds the failure's cause."""
 
 import dataclasses
 import html

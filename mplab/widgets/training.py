@@ -1,6 +1,7 @@
-"""Lesson 4 widget: train the lesson model in fp32, fp16 or bf16 and compare the runs.
+"""The training panel lessons 4, 5 and 6 share: train the lesson model in fp32, fp16 or bf16
+on any path, and compare the runs.
 
-    from mplab.widgets.training import training_panel
+    from mplab.widgets import training_panel
     panel = training_panel(steps=60)
     panel          # pick a path, precision and device, press "train"; panel.results: the runs
 

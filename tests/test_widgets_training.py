@@ -1,4 +1,4 @@
-"""Lesson 4's training panel, driven from Python as a learner drives it in the browser.
+"""The training panel (lessons 4-6), driven from Python as a learner drives it in the browser.
 
 The reference is mplab.train.train called directly with the same settings."""
 

@@ -1,4 +1,5 @@
-"""mplab.numerics.bf16_updates against references: torch's own casts and nextafter, and the same optimizer on fp32.
+"""mplab.numerics.bf16_updates against references: torch's own casts and nextafter, and the same
+optimizer on fp32.
 
 stochastic_round must land on one of the two bf16 neighbours torch computes, with the probability
 that makes it right on average. LowPrecisionUpdate must be exactly "one fp32 step of the inner

@@ -1,4 +1,5 @@
-"""mplab.plots.casts: the figures draw the numbers mplab.numerics.casts and mplab.numerics.failures compute."""
+"""mplab.plots.casts: the figures draw the numbers mplab.numerics.casts and
+mplab.numerics.failures compute."""
 
 import math
 
