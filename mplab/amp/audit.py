@@ -20,13 +20,14 @@ at what is there, and watches what runs:
   gradients left as they were; or from a finished run's `result=` (`mplab.train.TrainResult`);
 - the GradScaler: present or not, its scale, the steps it skipped.
 
+Each silent fallback has one check, declared with its code, in :mod:`mplab.amp.fallbacks`.
 `Observer` is the cheap watch a training run keeps for the same answers (mplab.train uses it).
-This module is library-level: it imports torch and mplab's formats and trace, nothing else.
+This module is library-level: torch, and mplab's formats, trace and Table; nothing else.
 """
 
 from __future__ import annotations
 
-import warnings
+import html
 from collections import Counter
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -34,66 +35,25 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from mplab._display import Table
+from mplab.amp.fallbacks import (
+    FALLBACKS,
+    LOW_PRECISION,
+    Fallback,
+    asked_dtype,
+    autocast_supported,
+    find_fallbacks,
+    known_code,
+    read_fallback,
+)
 from mplab.amp.trace import MatmulDtypeProbe
-from mplab.numerics.formats import dtype_from_name, dtype_name, dtype_of
+from mplab.numerics.formats import dtype_from_name, dtype_name
 
 __all__ = ["DTYPE_FIELDS", "FALLBACKS", "Fallback", "Observer", "Audit", "audit",
            "autocast_supported"]
 
-_LOW = (torch.float16, torch.bfloat16)
+_LOW = LOW_PRECISION
 DTYPE_FIELDS = ("param_dtype", "grad_dtype", "optimizer_state_dtype", "compute_dtype",
                 "output_dtype")
-
-#: Every silent fallback the audit names, by its code. The code is what other modules read
-#: (mplab.diagnose); the text, in the run's own figures, is for people.
-FALLBACKS = {
-    "fp16_ignored": "fp16 was asked for, but Accelerate (or the Trainer) ignored it on a CPU",
-    "autocast_inactive": "low precision was asked for, but the matmuls ran in fp32: the "
-                         "forward pass did not run inside an active autocast",
-    "autocast_off": "torch switched autocast off: it does not support the dtype on the device",
-    "low_precision_weights": "the weights are in low precision: no fp32 master weights",
-    "low_precision_states": "the optimizer's states are in low precision",
-    "scaler_with_bf16": "a GradScaler is used with bf16",
-    "low_precision_reduce": "the gradients were summed across ranks in low precision",
-}
-
-
-@dataclass(frozen=True)
-class Fallback:
-    """One silent fallback: `code` (a key of FALLBACKS) and `text`, what happened in words."""
-
-    code: str
-    text: str
-
-    def __post_init__(self):
-        if self.code not in FALLBACKS:
-            raise ValueError(f"unknown fallback code {self.code!r}; accepted: "
-                             + ", ".join(map(repr, FALLBACKS)))
-
-    def __str__(self) -> str:
-        return self.text
-
-
-#: How this module's own sentences began in records written before fallbacks had codes
-#: (mplab.train --json files of older runs), so those records still load with their codes.
-_BEFORE_CODES = (("fp16 was asked for, but", "fp16_ignored"),
-                 ("autocast is off:", "autocast_off"),
-                 ("the weights are ", "low_precision_weights"),
-                 ("the optimizer's states are", "low_precision_states"),
-                 ("a GradScaler is used with bf16", "scaler_with_bf16"),
-                 ("", "autocast_inactive"))  # "<precision> was asked for, but the matmuls ..."
-
-
-def _read_fallback(found) -> Fallback:
-    """A fallback as a record holds it: {"code", "text"}, or an older record's sentence."""
-    if isinstance(found, dict):
-        return Fallback(**found)
-    if isinstance(found, str):
-        for start, code in _BEFORE_CODES:
-            if found.startswith(start) and (start or "was asked for, but the matmuls" in found):
-                return Fallback(code, found)
-    raise ValueError(f"an audit's fallback is {{'code': ..., 'text': ...}}; got {found!r:.80}")
-
 
 class Observer:
     """What a model really does while it trains, seen by hooks at almost no cost: the dtype its
@@ -159,9 +119,7 @@ class Audit:
 
     def has(self, code: str) -> bool:
         """Does the audit name the fallback `code` (a key of FALLBACKS)?"""
-        if code not in FALLBACKS:
-            raise ValueError(f"unknown fallback code {code!r}; accepted: "
-                             + ", ".join(map(repr, FALLBACKS)))
+        known_code(code)
         return any(f.code == code for f in self.fallbacks)
 
     @property
@@ -196,7 +154,7 @@ class Audit:
     @classmethod
     def from_dict(cls, data: dict) -> Audit:
         data = {k: v for k, v in data.items() if k not in ("mixed", "verdict")}
-        data["fallbacks"] = [_read_fallback(f) for f in data.get("fallbacks", [])]
+        data["fallbacks"] = [read_fallback(f) for f in data.get("fallbacks", [])]
         for key in DTYPE_FIELDS:
             data[key] = dtype_from_name(data.get(key))
         if data.get("autocast"):
@@ -227,8 +185,6 @@ class Audit:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        import html
-
         items = [f"<li><b>silent fallback:</b> {html.escape(f.text)}</li>"
                  for f in self.fallbacks]
         items += [f"<li>note: {html.escape(n)}</li>" for n in self.notes]
@@ -275,7 +231,7 @@ def audit(model: torch.nn.Module, optimizer=None, *, scaler=None, result=None, b
             grads = {result.grad_dtype: sum(report.param_dtypes.values())}
     report.grad_dtypes = _named(grads)
     report.grad_dtype = _majority_named(report.grad_dtypes)
-    report.fallbacks, report.notes = _fallbacks(report, inner, result, accelerator)
+    report.fallbacks, report.notes = find_fallbacks(report, inner, result, accelerator)
     return report
 
 
@@ -315,7 +271,7 @@ def _autocast_state(autocast, accelerator, model) -> dict | None:
         raise ValueError(f"autocast must be a torch.autocast(...) context (or None), got "
                          f"{type(autocast).__name__}")
     if accelerator is not None:
-        asked = _asked_dtype(str(getattr(accelerator, "mixed_precision", "no")))
+        asked = asked_dtype(str(getattr(accelerator, "mixed_precision", "no")))
         native = bool(getattr(accelerator, "native_amp", False))
         return {"device": accelerator.device.type, "dtype": asked if native else None,
                 "enabled": native and asked is not None,
@@ -366,100 +322,6 @@ def _watch_one_step(model, batch, autocast) -> Observer:
     return seen
 
 
-# ---- what it concludes ----------------------------------------------------------------------
-
-def _fallbacks(report: Audit, model, result, accelerator) -> tuple[list[Fallback], list[str]]:
-    found, notes = [], []
-    asked = _asked_dtype(report.asked) if report.asked else None
-    compute, ac = report.compute_dtype, report.autocast
-    path = getattr(result, "path", None)
-    device = (ac or {}).get("device") or _device_of(model)
-    if asked is not None and compute is not None and compute != asked and compute not in _LOW:
-        who = ("the Trainer (through Accelerate)" if path == "trainer"
-               else "Accelerate" if accelerator is not None or path == "accelerate" else None)
-        if asked == torch.float16 and device == "cpu" and who:
-            found.append(Fallback("fp16_ignored",
-                                  f"fp16 was asked for, but {who} ignores fp16 on a CPU, "
-                                  f"without a warning: no autocast, no GradScaler, and the "
-                                  f"matmuls ran in {dtype_name(compute)}. This was an fp32 run. "
-                                  "On a CPU use bf16; fp16 needs a GPU"))
-        elif ac and not ac["enabled"] and ac["dtype"] is not None:
-            pass  # said below, with the reason
-        else:
-            found.append(Fallback("autocast_inactive",
-                                  f"{report.asked} was asked for, but the matmuls ran in "
-                                  f"{dtype_name(compute)}: autocast did not act (did the forward "
-                                  "pass run inside the autocast context, on its device?)"))
-    fp32_run = report.asked == "fp32"  # mplab's fp32 runs hold autocast(enabled=False)
-    if ac and ac["by"] == "torch.autocast" and not ac["enabled"] and ac["dtype"] is not None \
-            and not fp32_run and not autocast_supported(ac["device"], ac["dtype"]):
-        accepted = [dtype_name(d) for d in _LOW if autocast_supported(ac["device"], d)]
-        why = (f"torch does not support {dtype_name(ac['dtype'])} autocast on {ac['device']}"
-               if accepted or ac["device"] != "cuda" else
-               "this machine has no CUDA GPU, so torch cannot autocast on 'cuda'")
-        found.append(Fallback("autocast_off",
-                              f"autocast is off: {why} (it disabled it with one UserWarning), "
-                              f"so everything ran in {dtype_name(compute) or 'float32'}. "
-                              f"Accepted there: {', '.join(accepted) or 'nothing'}"
-                              + ("" if accepted else "; autocast on the device the model is "
-                                 f"on, {_device_of(model)!r}")))
-    if report.param_dtype in _LOW:
-        saved = getattr(getattr(model, "config", None), "dtype", None)
-        how = (f"the checkpoint was saved in {dtype_name(saved)} and loaded as saved "
-               "(transformers' dtype='auto')" if saved in _LOW else "the model was cast to it")
-        weights = dtype_name(report.param_dtype)
-        found.append(Fallback("low_precision_weights",
-                              f"the weights are {weights}: {how}, so there are no fp32 master "
-                              f"weights and every update is rounded to {weights}: pure low "
-                              "precision, not mixed. Load or keep the weights in float32 "
-                              "(mplab.models.load_pretrained(..., dtype=torch.float32), "
-                              "model.float())"))
-    if report.optimizer_state_dtype in _LOW:
-        found.append(Fallback("low_precision_states",
-                              f"the optimizer's states are "
-                              f"{dtype_name(report.optimizer_state_dtype)}: Adam's running "
-                              "averages lose the small updates they exist to keep; they follow "
-                              "the weights' dtype, so keep the weights in float32"))
-    low_run = compute == torch.bfloat16 or (compute is None and asked == torch.bfloat16)
-    if report.scaler and report.scaler["enabled"] and low_run:
-        found.append(Fallback("scaler_with_bf16",
-                              "a GradScaler is used with bf16: bf16 has fp32's exponent range, so "
-                              "its gradients do not underflow and need no scaling; the scaler "
-                              "only costs time and can skip steps for nothing. Use it with fp16 "
-                              "only"))
-    reduced = sorted({row["dtype"] for rank in getattr(result, "ranks", None) or []
-                      for row in rank["collectives"]
-                      if row["op"] in ("reduce_scatter", "all_reduce")
-                      and row["dtype"] in ("bfloat16", "float16")})
-    if reduced:
-        found.append(Fallback("low_precision_reduce",
-                              f"the gradients were summed across ranks in {', '.join(reduced)}: "
-                              "every rank's contribution is rounded to 8 (bf16) or 11 (fp16) "
-                              "bits before the sum, and the sum itself too, an error that "
-                              "grows with the number of ranks. Keep reduce_dtype='fp32' "
-                              "(MixedPrecisionPolicy) or DDP's fp32 all-reduce unless the "
-                              "bandwidth is worth it"))
-    if compute in _LOW and report.output_dtype == torch.float32 and (
-            (ac or {}).get("by", "").startswith("Accelerate") or path in ("accelerate", "trainer")):
-        notes.append(f"the model's output is float32 although its matmuls ran in "
-                     f"{dtype_name(compute)}: Accelerate converts a prepared model's outputs to "
-                     "fp32 (convert_outputs_to_fp32), so the loss is computed in fp32")
-    if not report.grad_dtypes:
-        notes.append("no gradients to look at (none since the last zero_grad); give batch= "
-                     "to run one step")
-    return found, notes
-
-
-def autocast_supported(device: str, dtype: torch.dtype) -> bool:
-    """Whether torch keeps autocast on for `dtype` on `device` here (asked of torch itself)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return bool(torch.autocast(device, dtype=dtype)._enabled)
-        except RuntimeError:
-            return False
-
-
 # ---- small helpers --------------------------------------------------------------------------
 
 def _by_dtype(tensors) -> dict[torch.dtype, int]:
@@ -473,22 +335,12 @@ def _named(counts: dict[torch.dtype, int]) -> dict[str, int]:
     return {dtype_name(d): n for d, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
-def _asked_dtype(precision: str) -> torch.dtype | None:
-    """The low dtype a precision asks for ("bf16" -> torch.bfloat16); None for fp32 / "no"."""
-    try:
-        dtype = dtype_of(precision)
-    except ValueError:  # "no", Accelerate's name for fp32, or one mplab does not audit
-        return None
-    return dtype if dtype in _LOW else None
-
-
 def _majority(counts: dict) -> torch.dtype | None:
     return max(counts, key=counts.get) if counts else None
 
 
 def _majority_named(counts: dict[str, int]) -> torch.dtype | None:
-    name = _majority(counts)
-    return dtype_from_name(name)
+    return dtype_from_name(_majority(counts))
 
 
 def _first_float(output) -> torch.Tensor | None:
@@ -499,11 +351,6 @@ def _first_float(output) -> torch.Tensor | None:
     items = output if isinstance(output, tuple | list) else (output,)
     return next((t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point()),
                 None)
-
-
-def _device_of(model) -> str | None:
-    p = next(model.parameters(), None)
-    return p.device.type if p is not None else None
 
 
 def _breakdown(counts: dict[str, int]) -> str:

@@ -140,15 +140,16 @@ class Capture:
 
     def stats(self, precision="fp16", scale=1.0, kind: str = "weight_grads", *,
               rel_error: bool = True) -> dict[str, CastStats]:
-        """name -> :class:`~mplab.numerics.casts.CastStats` of casting that tensor times scale to the
-        format."""
+        """name -> :class:`~mplab.numerics.casts.CastStats` of casting that tensor times scale to
+        the format."""
         return {n: m.stats(precision, scale, rel_error=rel_error)
                 for n, m in self.magnitudes(kind).items()}
 
     def histograms(self, kind: str = "weight_grads", bins=None
                    ) -> dict[str, ExponentHistogram]:
-        """name -> :class:`~mplab.numerics.histograms.ExponentHistogram` of log2|x|, all on the same bins
-        (they add up): by default the :func:`~mplab.numerics.histograms.data_bins` of the whole kind."""
+        """name -> :class:`~mplab.numerics.histograms.ExponentHistogram` of log2|x|, all on the
+        same bins (they add up): by default the :func:`~mplab.numerics.histograms.data_bins` of
+        the whole kind."""
         mags = self.magnitudes(kind)
         bins = data_bins(list(mags.values())) if bins is None else bins
         return {n: exponent_histogram(m, bins) for n, m in mags.items()}
