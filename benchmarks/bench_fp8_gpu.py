@@ -2,12 +2,12 @@
 
     python benchmarks/bench_fp8_gpu.py [--sizes 4096 8192] [--json FILE]
 
-For each size n: an n x n x n bf16 matmul, and torch._scaled_mm on e4m3 operands with
-tensorwise and rowwise scales (mplab.lowbit.quantize's recipes, run on the GPU, so the operands are what
-lesson 9 builds), timed interleaved with CUDA events (median of the rounds); the TFLOP/s of each and
-its speed-up over bf16; and the FP8 result against mplab.lowbit.quantize.scaled_mm's exact
-dequantise-and-multiply in fp32 (the GPU's accumulator is not the CPU's: the relative error
-is printed, not asserted). Needs a GPU with FP8 tensor cores (compute capability 8.9+).
+For each size n: an n x n x n bf16 matmul, and torch._scaled_mm on e4m3 operands with tensorwise and
+rowwise scales (mplab.lowbit.quantize's recipes, run on the GPU, so the operands are what lesson 9
+builds), timed interleaved with CUDA events (median of the rounds); the TFLOP/s of each and its
+speed-up over bf16; and the FP8 result against mplab.lowbit.quantize.scaled_mm's exact
+dequantise-and-multiply in fp32 (the GPU's accumulator is not the CPU's: the relative error is
+printed, not asserted). Needs a GPU with FP8 tensor cores (compute capability 8.9+).
 """
 
 from __future__ import annotations

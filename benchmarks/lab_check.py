@@ -1,5 +1,6 @@
-"""Every failure of mplab.diagnosis.lab and its first fix, on one device: does diagnose name the failure
-in the broken run, and stop naming it after the fix? Prints a table and the time of each run.
+"""Every failure of mplab.diagnosis.lab and its first fix, on one device: does diagnose name the
+failure in the broken run, and stop naming it after the fix? Prints a table and the time of each
+run.
 
     python benchmarks/lab_check.py                     # device auto (a GPU if there is one)
     python benchmarks/lab_check.py --device cuda --json lab_cuda.json

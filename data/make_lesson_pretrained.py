@@ -10,7 +10,8 @@ this checkpoint instead, as one fine-tunes a hub model: the encoder is kept, the
 the classification head are left out, and `mplab.models.lesson_model(pretrained=True)` (or
 `mplab.train.train(model="lesson-pretrained")`) draws a fresh head from its seed. A run then
 starts at loss ln 2 and falls within tens of steps. `--shape lab` does the same for lesson 7's
-lab model (`mplab.diagnosis.lab.LAB_SHAPE`: hidden 64, one layer), which `mplab.diagnosis.lab.lab_model()` loads.
+lab model (`mplab.diagnosis.lab.LAB_SHAPE`: hidden 64, one layer), which
+`mplab.diagnosis.lab.lab_model()` loads.
 
 The training is mplab.train's defaults (the torch path, fp32 on the CPU, AdamW lr 1e-3,
 50 warm-up steps, batch 32, seed 0); the folder is what `save_pretrained` writes, plus the

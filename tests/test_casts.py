@@ -1,5 +1,5 @@
-"""mplab.numerics.casts against direct torch casts (and mplab.numerics.formats): what a cast does to a tensor,
-counted exactly, and the loss scale that keeps the most of it."""
+"""mplab.numerics.casts against direct torch casts (and mplab.numerics.formats): what a cast
+does to a tensor, counted exactly, and the loss scale that keeps the most of it."""
 
 import math
 import warnings
@@ -57,10 +57,12 @@ def test_edges_hit_exactly_through_the_scale_agree_with_real_casts(precision, sc
 
 @pytest.mark.parametrize("precision", LOW)
 def test_fractions_equal_formats_round_to_value_by_value(precision):
-    """An independent reference: classify each fl32(x·s) with mplab.numerics.formats' exact rounding."""
+    """An independent reference: classify each fl32(x·s) with mplab.numerics.formats' exact
+    rounding."""
     f = formats.get_format(precision)
     x = torch.cat([spread(400, seed=3), edge_values(precision)])
-    nan_fmt = formats.E4M3_NAN_ON_OVERFLOW if precision == "fp8_e4m3" else f  # overflow shows as NaN
+    # overflow shows as NaN
+    nan_fmt = formats.E4M3_NAN_ON_OVERFLOW if precision == "fp8_e4m3" else f
     for scale in (1.0, 2.0**12, 0.1):
         want = dict.fromkeys(("zero", "underflow", "subnormal", "normal", "overflow"), 0)
         for v, x0 in zip((x * scale).tolist(), x.tolist()):
@@ -201,6 +203,61 @@ def test_good_scale_window_and_largest_safe_scale():
     with pytest.raises(ValueError, match="scale_sweep"):
         C.good_scale_window([{"scale": 1.0}])
 
+
+
+def test_choose_scale_decides_what_the_safe_scale_loses_and_the_window_from_torch_casts():
+    x = grads_like()  # 2^-34 .. 30: at 2^11 the smallest is 2^-23, an fp16 subnormal
+    keeps = C.choose_scale(x, "fp16", underflow_tol=0.05)
+    assert keeps.safe_scale == C.largest_safe_scale(x, "fp16") == 2.0**11
+    assert not keeps.safe_loses and keeps.lost_at_safe == 0.0
+    assert keeps.window == C.good_scale_window(keeps.sweep, underflow_tol=0.05)
+    d = direct(x, "fp16", 1.0)
+    assert keeps.lost_unscaled == d["underflow"] / (d["count"] - d["zero"]) > 0
+    assert keeps.max_abs == 30.0 and keeps.precision == "fp16" and keeps.underflow_tol == 0.05
+    assert str(keeps).splitlines() == [
+        "The largest scale that overflows nothing is 2^11: it loses nothing.",
+        f"Scales from 2^{math.log2(keeps.window[0]):g} to 2^11 lose at most 5% and overflow "
+        "nothing."]
+
+    tail = torch.cat([x, torch.full((1000,), 2.0**-40)])  # past fp16's reach at 2^11
+    loses = C.choose_scale(tail, "fp16", underflow_tol=0.0)
+    assert loses.safe_scale == 2.0**11 and loses.safe_loses and loses.window is None
+    d = direct(tail, "fp16", 2.0**11)
+    assert loses.lost_at_safe == d["underflow"] / (d["count"] - d["zero"]) == 1000 / 36_000
+    # every |x| up to flushed_up_to becomes 0 at the safe scale, and the next fp32 up does not
+    edge = torch.tensor(loses.flushed_up_to, dtype=torch.float32)
+    above = torch.nextafter(edge, torch.tensor(1.0))
+    assert (edge * 2.0**11).half() == 0 and (above * 2.0**11).half() != 0
+    assert loses.binades_below == pytest.approx(math.log2(30.0 / loses.flushed_up_to))
+    assert str(loses).splitlines() == [
+        f"The largest scale that overflows nothing is 2^11: it still loses {1000 / 36_000:.1%}, "
+        f"every gradient up to {loses.flushed_up_to:.1g}, {loses.binades_below:.0f} binades "
+        "below the largest.",
+        "No scale loses at most 0% without overflowing: these gradients span more binades than "
+        "fp16 has."]
+
+    nothing = C.choose_scale(torch.zeros(4), "fp16")
+    assert nothing.safe_scale == math.inf and not nothing.safe_loses
+    assert nothing.window == (1.0, 2.0**24)
+    with pytest.raises(ValueError, match="underflow_tol"):
+        C.choose_scale(x, "fp16", underflow_tol=5)
+
+
+def test_fixed_scale_fit_decides_whether_a_scale_from_the_start_overflows_later_gradients():
+    start = torch.tensor([1e-6, 0.5, 2.0])
+    fixed = C.largest_safe_scale(start, "fp16")  # 2^14: 2 · 2^14 = 32,768 fits
+    grown = C.fixed_scale_fit(C.cast_stats(start * 4, "fp16", fixed), "after 150 steps",
+                              "activation gradients")
+    assert grown.overflows and grown.overflow == 1 == int((start * 4 * fixed).half().isinf().sum())
+    assert (grown.scale, grown.precision) == (2.0**14, "fp16")
+    assert str(grown) == ("The scale that was safe at the start, 2^14, overflows 1 activation "
+                          "gradients after 150 steps.")
+    fits = C.fixed_scale_fit(C.cast_stats(start * 1.5, "fp16", fixed), "after 150 steps")
+    assert not fits.overflows and fits.overflow == 0
+    assert str(fits) == ("Here the scale from the start, 2^14, still fits after 150 steps; a "
+                         "longer run's gradients may grow past it.")
+    with pytest.raises(TypeError, match="CastStats"):
+        C.fixed_scale_fit(start, "later")
 
 def test_lost_frac_is_the_share_of_nonzero_values_torch_flushes_and_windows_can_use_it():
     x = grads_like()

@@ -1,9 +1,14 @@
 """mplab.train.compare: the three ways to train measured from the code that really runs; and
-loss_overlaps, which says where two runs' loss curves lie on top of each other."""
+what runs say side by side: loss_overlaps (where two runs' loss curves lie on top of each
+other), step_time_noise (when a gap in step time is the machine's noise) and accuracy_rise
+(whether an accuracy rose beyond chance)."""
+
+import math
 
 import pytest
+import torch
 
-from mplab.train import TrainResult, compare, loss_overlaps
+from mplab.train import TrainResult, accuracy_rise, compare, loss_overlaps, step_time_noise
 
 
 def test_the_torch_path_writes_every_step_of_the_amp_loop_itself():
@@ -190,3 +195,55 @@ def test_loss_overlaps_says_which_curves_lie_on_top_of_each_other_from_versus():
                              "the curves part there")
     with pytest.raises(ValueError, match="label -> TrainResult, got list"):
         loss_overlaps([runs["fp32"]])
+
+
+def test_step_time_noise_calls_a_gap_noise_only_between_runs_with_the_same_losses():
+    fp32 = TrainResult("accelerate", "fp32", "cpu", "lesson", losses=[0.7, 0.5, 0.3],
+                       step_seconds=[2.0, 0.10, 0.12, 0.11])
+    ignored = TrainResult("accelerate", "fp16", "cpu", "lesson", losses=[0.7, 0.5, 0.3],
+                          step_seconds=[2.0, 0.12, 0.13, 0.14])  # fp16 ignored: fp32's arithmetic
+    noise = step_time_noise(ignored, fp32)
+    assert noise.same_losses and (noise.run, noise.baseline) == ("fp16", "fp32")
+    assert noise.step_ratio == 0.13 / 0.11  # steady steps: the medians after the first
+    assert noise.paragraphs() == [
+        f"The fp16 run's losses are the fp32 run's to the last bit, and its steady step took "
+        f"{0.13 / 0.11:.2f}x as long:\nbetween runs that agree to the last bit, a difference of "
+        "that size is this machine's noise (warm-up, the order of the runs, other work on it)."]
+    ran = TrainResult("accelerate", "fp16", "cuda", "lesson", losses=[0.7, 0.5002, 0.3],
+                      step_seconds=[2.0, 0.05])
+    other = step_time_noise(ran, fp32)
+    assert not other.same_losses and other.step_ratio == 0.05 / 0.11
+    assert other.paragraphs() == []  # different arithmetic: the gap need not be noise
+    unmeasured = TrainResult("accelerate", "bf16", "cpu", "lesson", losses=fp32.losses)
+    assert math.isnan(step_time_noise(unmeasured, fp32).step_ratio)  # no steady step
+    with pytest.raises(TypeError, match="two TrainResults"):
+        step_time_noise(ran, {"losses": []})
+
+
+def test_accuracy_rise_is_beyond_chance_only_past_two_standard_errors_of_the_held_out_set():
+    # the band: two standard deviations of the accuracy of coin flips on 256 reviews
+    flips = torch.rand(20_000, 256, generator=torch.Generator().manual_seed(0)) < 0.5
+    spread = 2 * flips.float().mean(dim=1).std().item()
+    within = accuracy_rise([0.5, 0.531, 0.55], held_out=256, steps=126)
+    assert within.noise == 2 * (0.25 / 256) ** 0.5 == 0.0625
+    assert within.noise == pytest.approx(spread, rel=0.03)
+    assert (within.first, within.last, within.rise) == (0.5, 0.55, 0.55 - 0.5)
+    assert not within.beyond_chance and (within.held_out, within.steps) == (256, 126)
+    assert within.says() == ("In 126 steps the accuracy moved by +0.050, within the ±0.062 "
+                             "that chance gives on 256 reviews: too few steps for this model to "
+                             "learn")
+    assert within.says("on a GPU it trains longer").endswith("learn (on a GPU it trains longer)")
+    beyond = accuracy_rise([0.5, 0.8], held_out=256, steps=126)
+    assert beyond.beyond_chance and beyond.rise == 0.8 - 0.5
+    assert str(beyond) == beyond.says("unused") == (
+        "The accuracy rose by 0.300, past the ±0.062 that chance gives on 256 reviews: the "
+        "model learned.")
+    fell = accuracy_rise([0.8, 0.55], held_out=256, steps=126)  # worse, past chance
+    assert fell.fell and not fell.beyond_chance and not within.fell and not beyond.fell
+    assert "fell by 0.250" in fell.says() and "within" not in fell.says()
+    small = accuracy_rise([0.5, 0.65], held_out=32, steps=4)  # the same rise, 32 reviews
+    assert small.noise == pytest.approx(0.1768, abs=1e-4) and not small.beyond_chance
+    with pytest.raises(ValueError, match="got none"):
+        accuracy_rise([], held_out=32, steps=4)
+    with pytest.raises(ValueError, match="positive int"):
+        accuracy_rise([0.5], held_out=0, steps=4)

@@ -451,7 +451,8 @@ def _low_weights(r: TrainResult) -> list[Finding]:
                     "much smaller than the weight are lost", evidence,
                     "keep fp32 master weights (model.float(), or load_pretrained(..., "
                     "dtype=torch.float32), with autocast for the speed); or keep bf16 weights "
-                    "and compensate: mplab.numerics.bf16_updates.LowPrecisionUpdate(optimizer, rounding='kahan') "
+                    "and compensate: mplab.numerics.bf16_updates.LowPrecisionUpdate(optimizer, "
+                    "rounding='kahan') "
                     "(+2 bytes a weight) or rounding='stochastic' with a seed (+0 bytes)")]
 
 

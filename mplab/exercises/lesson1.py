@@ -315,9 +315,9 @@ EXERCISES = {e.id: e for e in [
             "An fp16 pattern is three fields: 1 sign bit, 5 exponent bits, 10 mantissa bits. "
             "The exponent is stored with a bias, and a normal number has a hidden leading 1 in "
             "front of the mantissa.",
-            "print(mplab.numerics.explain.decompose(-1.5, \"fp16\")) shows the fields of a number you know "
-            "and the formula that turns them back into its value; get_format(\"fp16\").bias is "
-            "the bias.",
+            "print(mplab.numerics.explain.decompose(-1.5, \"fp16\")) shows the fields of a number "
+            "you know and the formula that turns them back into its value; "
+            "get_format(\"fp16\").bias is the bias.",
             "sign = 1, exponent = 0b10010 = 18, mantissa = 0b1010000000 = 640, so the value is "
             "(-1)^1 x (1 + 640/1024) x 2^(18 - bias).",
         )),
@@ -335,9 +335,9 @@ EXERCISES = {e.id: e for e in [
         hints=(
             "Largest finite: the exponent field as large as it can be while still meaning a "
             "number, and the mantissa as large as it can be.",
-            "The all-ones exponent field is reserved for inf and NaN. mplab.numerics.formats.from_bits("
-            "pattern, \"fp16\") decodes a pattern, so you can test a guess like "
-            "from_bits(0b0_11110_0000000000, \"fp16\").",
+            "The all-ones exponent field is reserved for inf and NaN. "
+            "mplab.numerics.formats.from_bits(pattern, \"fp16\") decodes a pattern, so you can "
+            "test a guess like from_bits(0b0_11110_0000000000, \"fp16\").",
             "The pattern is 0 11110 1111111111: (1 + 1023/1024) x 2^(30 - 15).",
         )),
     Exercise(
@@ -353,8 +353,9 @@ EXERCISES = {e.id: e for e in [
         hints=(
             "The smallest normal number has exponent field 1. Below it, exponent field 0 gives "
             "the subnormals: no hidden 1, evenly spaced all the way down to zero.",
-            "A subnormal is 0.mantissa x 2^(1 - bias). mplab.numerics.formats.from_bits(bits, \"fp16\") "
-            "decodes any pattern, and get_format(\"fp16\") has .bias and .man_bits.",
+            "A subnormal is 0.mantissa x 2^(1 - bias). "
+            "mplab.numerics.formats.from_bits(bits, \"fp16\") decodes any pattern, and "
+            "get_format(\"fp16\") has .bias and .man_bits.",
             "Exponent field 00000 and the smallest nonzero mantissa, 0000000001: that is "
             "2^-10 x 2^(1 - 15).",
         )),
@@ -375,8 +376,8 @@ EXERCISES = {e.id: e for e in [
             "Range (how large and how small, set by the exponent bits) against precision (how "
             "many significant bits, set by the mantissa): fp16 has 5 exponent and 10 mantissa "
             "bits, bf16 8 and 7.",
-            "mplab.numerics.formats.round_to(x, \"fp16\") and round_to(x, \"bf16\") give the stored values; "
-            "compare abs(stored - x). get_format(fmt).max_finite, .min_normal and "
+            "mplab.numerics.formats.round_to(x, \"fp16\") and round_to(x, \"bf16\") give the "
+            "stored values; compare abs(stored - x). get_format(fmt).max_finite, .min_normal and "
             ".min_subnormal give each range.",
             "Inside both normal ranges, the format with more mantissa bits wins. A number past "
             "fp16's largest finite value (inf), below its smallest subnormal (0), or among its "
@@ -392,8 +393,8 @@ EXERCISES = {e.id: e for e in [
                + _IEEE_1_5 + "; not " + _NOT_IEEE_1_5 + ", whose all-ones exponent holds "
                "numbers. Cover every case: normal numbers, subnormals, zeros with their "
                "sign (`-0.0`), infinities and NaN. The check compares it with "
-               "`mplab.numerics.formats.from_bits` on " + _PUBLIC_NAMES_1_5 + " patterns; the grader "
-               "also tries " + _HIDDEN_NAMES_1_5 + ".",
+               "`mplab.numerics.formats.from_bits` on " + _PUBLIC_NAMES_1_5 + " patterns; the "
+               "grader also tries " + _HIDDEN_NAMES_1_5 + ".",
         comment="decode an IEEE-style pattern (normals, subnormals, +-0, +-inf, NaN)",
         body="def decode(bits, exp_bits, man_bits, bias):\n"
              "    return ...  # the value, as a float",

@@ -3,10 +3,10 @@
     from mplab.exercises import lesson2 as ex
     ex.check("2.1", answer); ex.hint("2.1"); ex.solution("2.1")
 
-Every reference answer is computed by :mod:`mplab.numerics.casts` and :mod:`mplab.numerics.failures` with
-torch's own casts; 2.2 and 2.3 are about the lesson's captured step
-(:func:`mplab.fixtures.lesson_capture`, the same one the notebook looks at), so the answers are
-this model's, not a textbook's.
+Every reference answer is computed by :mod:`mplab.numerics.casts` and :mod:`mplab.numerics.failures`
+with torch's own casts; 2.2 and 2.3 are about the lesson's captured step
+(:func:`mplab.fixtures.lesson_capture`, the same one the notebook looks at), so the answers are this
+model's, not a textbook's.
 """
 
 from __future__ import annotations

@@ -192,9 +192,9 @@ _check_4_4 = multiple_choice(CHOICES_4_4, "b", WHY_NOT_4_4)
 
 
 def overflow_evidence(precision: str = "fp16") -> Table:
-    """The table 4.4 asks about: :func:`mplab.numerics.failures.overflow_demo` in `precision`, stage by
-    stage beside fp32 (largest |value|, infs, NaNs), its rows as they are, under a title that
-    names neither the format's limit nor a cause: linking the two is the learner's step."""
+    """The table 4.4 asks about: :func:`mplab.numerics.failures.overflow_demo` in `precision`,
+    stage by stage beside fp32 (largest |value|, infs, NaNs), its rows as they are, under a title
+    that names neither the format's limit nor a cause: linking the two is the learner's step."""
     demo = overflow_demo(precision)
     return Table(demo.table().rows, title=f"{demo.block} in {demo.precision}, stage by stage "
                                           "beside fp32")

@@ -8,12 +8,12 @@ Each probe is a float32 input cast to one format by torch (``tensor.to(dtype)``)
 training uses, ``to_fp8_saturated``, which clamps first; its MX element casts for fp4 and fp6).
 "—" marks a library with no such cast (torch has no unpacked fp4 or fp6; torchao no e8m0 cast).
 
-For e8m0 the row also holds the scale of an MXFP8 block (fp8_e4m3 elements) whose amax is
-|input| * 2^8, 8 being fp8_e4m3's emax, so that the OCP MX rule, 2^(floor(log2 amax) - emax),
-comes to 2^floor(log2 |input|): it rounds down where the cast of the input rounds to nearest.
-The columns: that rule as mplab computes it (:func:`mplab.lowbit.microscaling.mx_scale_exponent`), and
-torchao's ``to_mx`` in its FLOOR and RCEIL modes. Nothing here is typed in: a library that
-changes its mind in a new version changes the table.
+For e8m0 the row also holds the scale of an MXFP8 block (fp8_e4m3 elements) whose amax is |input| *
+2^8, 8 being fp8_e4m3's emax, so that the OCP MX rule, 2^(floor(log2 amax) - emax), comes to
+2^floor(log2 |input|): it rounds down where the cast of the input rounds to nearest. The columns:
+that rule as mplab computes it (:func:`mplab.lowbit.microscaling.mx_scale_exponent`), and torchao's
+``to_mx`` in its FLOOR and RCEIL modes. Nothing here is typed in: a library that changes its mind in
+a new version changes the table.
 """
 
 from __future__ import annotations
@@ -160,8 +160,8 @@ def _note(rows: list[dict]) -> str:
         rule = len(mx) - len(_pairs_differ(mx, "OCP MX floor", "torchao FLOOR"))
         parts.append(
             f"MX columns: the scale of an MXFP8 block with amax |input| * 2^"
-            f"{formats.get_format(MX_ELEMENT).emax}; a plain cast of the input differs from the OCP "
-            f"floor on {len(cast_vs_rule)} of {len(mx)}, torchao FLOOR from RCEIL on "
+            f"{formats.get_format(MX_ELEMENT).emax}; a plain cast of the input differs from the "
+            f"OCP floor on {len(cast_vs_rule)} of {len(mx)}, torchao FLOOR from RCEIL on "
             f"{len(floor_vs_rceil)}, mplab's floor equals torchao's FLOOR on {rule}.")
     if agreed:
         parts.append("Agreeing, left out: " + "; ".join(

@@ -5,12 +5,12 @@
     y = qdq_linear(x, weight, bias)                      # the functional form
 
 Forward, the input and the weight are cast to e4m3 with one scale per tensor
-(`mplab.lowbit.quantize.tensorwise`) and multiplied as the dequantised values, in fp32; backward, the
-output gradient is cast to e5m2 the same way, and both gradients are computed in fp32 from the
-dequantised values. That is torchao's float8 "tensorwise" recipe as its emulation computes it,
-and equal to it bit for bit. A `QDQRecipe` says which formats and scaling; `GradCasts` counts
-what the gradient casts flushed to 0 and saturated, for `mplab.diagnose` (mplab.train.fp8
-records it per step).
+(`mplab.lowbit.quantize.tensorwise`) and multiplied as the dequantised values, in fp32; backward,
+the output gradient is cast to e5m2 the same way, and both gradients are computed in fp32 from the
+dequantised values. That is torchao's float8 "tensorwise" recipe as its emulation computes it, and
+equal to it bit for bit. A `QDQRecipe` says which formats and scaling; `GradCasts` counts what the
+gradient casts flushed to 0 and saturated, for `mplab.diagnose` (mplab.train.fp8 records it per
+step).
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@
     sweep = scale_sweep(mags, "fp16")             # every loss scale 2^0 ... 2^24, shares of
                                                   # the nonzero values (as every share here)
     good_scale_window(sweep), largest_safe_scale(mags, "fp16")
+    choose_scale(mags, "fp16", underflow_tol=0.05)  # the safe scale, the window, in words
 
 Everything here is measured with torch's own casts, and the edges come from
-:mod:`mplab.numerics.formats`' exact arithmetic, so the two agree to the bit. The rounding rules every
-count follows (round to nearest, ties to even) are :class:`RoundingEdges`.
+:mod:`mplab.numerics.formats`' exact arithmetic, so the two agree to the bit. The rounding rules
+every count follows (round to nearest, ties to even) are :class:`RoundingEdges`.
 
 Every tensor is first taken as fp32 (``t.float()``: integer tensors are converted, which is
 exact up to 2^24; bool and complex tensors are a TypeError), and a scale is taken as the
@@ -23,7 +24,7 @@ import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
@@ -35,7 +36,8 @@ from mplab.numerics.formats import FloatFormat, floor_log2, get_format
 __all__ = [
     "as_scale", "storage_format", "fp32_values", "scale_text", "RoundingEdges",
     "rounding_edges", "CastStats", "cast_stats", "combined", "Magnitudes", "magnitudes_of",
-    "SCALES", "scale_sweep", "good_scale_window", "largest_safe_scale",
+    "SCALES", "scale_sweep", "good_scale_window", "largest_safe_scale", "ScaleChoice",
+    "choose_scale", "FixedScaleFit", "fixed_scale_fit",
 ]
 
 #: Loss scales the lesson sweeps: 2^0 ... 2^24.
@@ -281,7 +283,7 @@ def _rel_errors(v: torch.Tensor, q: torch.Tensor) -> tuple[float, float]:
 
     q − v is exact in fp32 (q is v rounded, so within a factor of 2 of it) and the division
     rounds once; the mean adds up in float64. Done in numpy: on the 2-core lesson machines
-    torch's elementwise ops took ~4x longer here (5 M values: ~1 s vs ~0.25 s).
+    torch's elementwise ops took several times longer here (benchmarks/RECORDS.md).
     """
     if not v.numel():
         return 0.0, 0.0
@@ -299,7 +301,8 @@ def cast_stats(tensor, precision, scale=1.0) -> CastStats:
     Integer tensors are converted to fp32 first; bool or complex tensors are a TypeError;
     an empty tensor gives all counts 0 and all fractions 0.0. Overflow in fp16, bf16, e5m2 and
     fp32 is read off the cast (it made ±inf); torch's e4m3 cast saturates, so there a value
-    counts as overflowed when |x·scale| is past 464, the edge mplab.numerics.formats rounds beyond 448 at.
+    counts as overflowed when |x·scale| is past 464, the edge mplab.numerics.formats rounds
+    beyond 448 at.
     """
     f = storage_format(precision)
     x = fp32_values(tensor, "tensor")
@@ -333,7 +336,7 @@ class Magnitudes:
     """The magnitudes of a tensor's finite nonzero values, sorted once (fp32), plus counts of
     zeros, infs and NaNs: everything a cast's outcome depends on.
 
-    After the sort (about 0.1 s per 5 million values) :meth:`stats` for any format and scale
+    After the sort (once, benchmarks/RECORDS.md) :meth:`stats` for any format and scale
     is three binary searches, exact: it finds where ``fl32(|x|·scale)`` crosses the format's
     rounding edges, so it agrees count for count with :func:`cast_stats`, which really casts.
     Only the relative errors need the kept values cast (``rel_error=True``, one pass).
@@ -476,3 +479,103 @@ def largest_safe_scale(tensors, precision="fp16") -> float:
     if top == 0:
         return math.inf
     return math.ldexp(1.0, min(floor_log2(f.max_finite / Fraction(top)), 127))
+
+
+# --- the choice, decided and said --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScaleChoice:
+    """What loss scale a set of gradients allows in a format (:func:`choose_scale`).
+
+    ``safe_scale`` is :func:`largest_safe_scale`; ``safe_loses`` whether it still flushes
+    nonzero values to 0: ``lost_at_safe`` of them, every |x| up to ``flushed_up_to``,
+    ``binades_below`` binades under the largest |x| (``max_abs``). ``window`` is
+    :func:`good_scale_window` of ``sweep`` at ``underflow_tol`` (None: no scale loses that
+    little without overflowing). ``lost_unscaled``: the share flushed at scale 1. Every share
+    is of the nonzero values. Printed, the two decisions in words.
+    """
+
+    precision: str
+    underflow_tol: float
+    lost_unscaled: float
+    max_abs: float
+    safe_scale: float
+    lost_at_safe: float
+    flushed_up_to: float
+    safe_loses: bool
+    window: tuple[float, float] | None
+    sweep: Table = field(repr=False, compare=False)
+
+    @property
+    def binades_below(self) -> float:
+        """log2(max_abs / flushed_up_to): how far under the largest |x| the losses reach."""
+        return math.log2(self.max_abs / self.flushed_up_to) if self.flushed_up_to else 0.0
+
+    def __str__(self) -> str:
+        safe = f"The largest scale that overflows nothing is {scale_text(self.safe_scale)}: "
+        safe += (f"it still loses {self.lost_at_safe:.1%}, every gradient up to "
+                 f"{self.flushed_up_to:.1g}, {self.binades_below:.0f} binades below the largest."
+                 if self.safe_loses else "it loses nothing.")
+        tol = f"{self.underflow_tol:.0%}"
+        if self.window is None:
+            return (f"{safe}\nNo scale loses at most {tol} without overflowing: these gradients "
+                    f"span more binades than {self.precision} has.")
+        low, high = map(scale_text, self.window)
+        return f"{safe}\nScales from {low} to {high} lose at most {tol} and overflow nothing."
+
+
+def _lost(parts: list[Magnitudes], f: FloatFormat, scale: float) -> float:
+    return combined([p.stats(f, scale, rel_error=False) for p in parts], f, scale).lost_frac
+
+
+def choose_scale(tensors, precision="fp16", underflow_tol: float = 1e-3,
+                 scales=None) -> ScaleChoice:
+    """The loss scale these tensors allow (a tensor, a list or dict of them, or Magnitudes):
+    the :func:`scale_sweep` over ``scales``, its :func:`good_scale_window` at ``underflow_tol``
+    (overflowing nothing), the :func:`largest_safe_scale` and what it still loses to 0."""
+    f = storage_format(precision)
+    parts = magnitudes_of(tensors)
+    sweep = scale_sweep(parts, f, scales)
+    window = good_scale_window(sweep, underflow_tol=underflow_tol)
+    safe = largest_safe_scale(parts, f)
+    finite = math.isfinite(safe)  # inf: every value is 0, nothing to lose
+    lost = _lost(parts, f, safe) if finite else 0.0
+    return ScaleChoice(f.name, underflow_tol, _lost(parts, f, 1.0),
+                       max(p.max_abs for p in parts), safe, lost,
+                       rounding_edges(f).zero_max / safe if finite else 0.0, lost > 0, window,
+                       sweep)
+
+
+@dataclass(frozen=True)
+class FixedScaleFit:
+    """A loss scale fixed once, safe on the gradients at the start, against later gradients
+    (:func:`fixed_scale_fit`): ``overflows`` whether it overflows any of them, ``overflow`` how
+    many. ``when`` and ``what`` name the later values ("after 150 steps", "activation
+    gradients"). Printed, the decision in words."""
+
+    precision: str
+    scale: float
+    overflow: int
+    overflows: bool
+    when: str
+    what: str
+
+    def __str__(self) -> str:
+        scale = scale_text(self.scale)
+        if self.overflows:
+            return (f"The scale that was safe at the start, {scale}, overflows {self.overflow:,} "
+                    f"{self.what} {self.when}.")
+        return (f"Here the scale from the start, {scale}, still fits {self.when}; a longer run's "
+                "gradients may grow past it.")
+
+
+def fixed_scale_fit(later: CastStats, when: str = "later",
+                    what: str = "gradients") -> FixedScaleFit:
+    """Whether a fixed scale still fits, from the later gradients' :func:`cast_stats` at it
+    (``cast_stats(later_grads, "fp16", scale)``): it does while nothing overflows."""
+    if not isinstance(later, CastStats):
+        raise TypeError(f"fixed_scale_fit takes the CastStats of the later values at the fixed "
+                        f"scale (cast_stats(values, precision, scale)), got "
+                        f"{type(later).__name__}")
+    return FixedScaleFit(later.precision, later.scale, later.overflow, later.overflow > 0,
+                         when, what)

@@ -6,8 +6,8 @@
 
 A loss scale s is a shift of log2|x| by log2(s): it moves every value of a histogram that many
 bins right, or, the same thing, every edge of a format's bands that far left. The counts come
-from :class:`mplab.numerics.casts.Magnitudes` (sorted once, then a few binary searches), the edges from
-:func:`mplab.numerics.casts.rounding_edges`, exact.
+from :class:`mplab.numerics.casts.Magnitudes` (sorted once, then a few binary searches), the
+edges from :func:`mplab.numerics.casts.rounding_edges`, exact.
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ def _histogram(m: Magnitudes, edges: np.ndarray) -> ExponentHistogram:
 
 def exponent_histogram(tensor_or_tensors, bins=None) -> ExponentHistogram:
     """Histogram of log2|x| over the finite nonzero values of one or more tensors
-    (or precomputed :class:`~mplab.numerics.casts.Magnitudes`), with integer log2 edges; zeros counted
-    apart. bins: the edges, e.g. range(-60, 20); None (the default) for :func:`data_bins`,
+    (or precomputed :class:`~mplab.numerics.casts.Magnitudes`), with integer log2 edges; zeros
+    counted apart. bins: the edges, e.g. range(-60, 20); None (the default) for :func:`data_bins`,
     which leave no value outside.
 
         counts, edges = exponent_histogram(grad)   # counts[k]: values in [2^edges[k], 2^edges[k+1])

@@ -1,5 +1,6 @@
 """Reading what a learner gives as an exact number: text ("0.1", "1/3", "2**-24", "pi"), a
-Python number, a Decimal or a one-element tensor. :mod:`mplab.numerics.formats` rounds what this reads.
+Python number, a Decimal or a one-element tensor. :mod:`mplab.numerics.formats` rounds what
+this reads.
 
     >>> parse_number("0.1")
     Fraction(1, 10)

@@ -69,12 +69,13 @@ def exponent_histogram_plot(values, precision="fp16", scale=1.0, ax=None, *,
 
     values: a tensor, a list or dict of tensors (one line per layer, and "all" filled),
     :class:`~mplab.numerics.casts.Magnitudes` (sorted once: redrawing for a new scale then only
-    shifts the bins) or :class:`~mplab.numerics.histograms.ExponentHistogram`. A scale of 2^k moves every
-    value k binades right; the unscaled total stays as a dashed outline, and a box gives the
-    exact shares of the nonzero values a real cast would flush, leave subnormal and overflow
-    (not for bare histograms).
+    shifts the bins) or :class:`~mplab.numerics.histograms.ExponentHistogram`. A scale of 2^k
+    moves every value k binades right; the unscaled total stays as a dashed outline, and a box
+    gives the exact shares of the nonzero values a real cast would flush, leave subnormal and
+    overflow (not for bare histograms).
     bins: integer log2 edges; None (the default) for the bins that hold every value
-    (:func:`mplab.numerics.histograms.data_bins`), so the axis reaches the smallest and the largest.
+    (:func:`mplab.numerics.histograms.data_bins`), so the axis reaches the smallest and the
+    largest.
     Values outside given bins are not drawn, and the legend counts them.
     xlim: (lo, hi) in log2 units; fix it to keep the axis still while the scale changes.
     ax: draw there; otherwise a new figure (made by pyplot unless ``pyplot=False``).
@@ -102,9 +103,9 @@ def exponent_histogram_plot(values, precision="fp16", scale=1.0, ax=None, *,
         lo = max(min(data[0], zero_edge) - 2, data[0] - 20)
         hi = min(max(data[1], over_edge) + 2, data[1] + 20)
         xlim = (math.floor(lo), math.ceil(hi))
-    # Patches go in with add_artist: add_patch recomputes the data limits for each, and a
-    # redraw of the lesson model's figure took 450 ms instead of ~220 ms on 2 cores
-    # (benchmarks/bench_capture.py); the limits are set explicitly below anyway.
+    # Patches go in with add_artist: add_patch recomputes the data limits for each, which
+    # made a redraw of the lesson model's figure far slower (benchmarks/RECORDS.md,
+    # benchmarks/bench_capture.py); the limits are set explicitly below anyway.
     ax.set_xlim(*xlim)
     for b in bands:
         a, c = max(b.lo, xlim[0]), min(b.hi, xlim[1])
@@ -200,8 +201,8 @@ def _scale_label(s: float) -> str:
 def scale_sweep_plot(sweep, ax=None, *, underflow_tol: float = 1e-3, overflow_tol: float = 0.0,
                      pyplot: bool = True) -> Figure:
     """The shares of the nonzero values lost to 0 and overflowing in a
-    :func:`mplab.numerics.casts.scale_sweep`, against log2 of the scale, with the good window shaded:
-    the scales that lose at most underflow_tol and overflow at most overflow_tol of the same
+    :func:`mplab.numerics.casts.scale_sweep`, against log2 of the scale, with the good window
+    shaded: the scales that lose at most underflow_tol and overflow at most overflow_tol of the same
     nonzero values (:func:`mplab.numerics.casts.good_scale_window`, computed here so that the curve
     and the window share one denominator). The y axis is linear up to 10^-6 and logarithmic
     above, so that a handful of overflowing values shows. Returns the figure."""
@@ -244,12 +245,12 @@ def _share(x: float) -> str:
 
 
 def swamping_plot(run, ax=None, *, pyplot: bool = True) -> Figure:
-    """The weight over the steps of a :func:`mplab.numerics.failures.swamping_run`: what the format kept
-    (and the fp32 master copy, if any) against the exact sum, with the first lost update
-    marked. Returns the figure."""
+    """The weight over the steps of a :func:`mplab.numerics.failures.swamping_run`: what the
+    format kept (and the fp32 master copy, if any) against the exact sum, with the first lost
+    update marked. Returns the figure."""
     if not isinstance(run, SwampRun):
-        raise TypeError(f"swamping_plot takes what mplab.numerics.failures.swamping_run returns, got "
-                        f"{type(run).__name__}")
+        raise TypeError("swamping_plot takes what mplab.numerics.failures.swamping_run returns, "
+                        f"got {type(run).__name__}")
     if ax is None:
         fig = new_figure((6.5, 3.0), pyplot)
         ax = fig.subplots()

@@ -187,9 +187,9 @@ class MarkerPng:
     """PNG frames of an ulp_plot whose marker moves, fast enough for a widget callback.
 
     The figure's static part (curves, ticks, legend) is drawn once; each frame restores it
-    and draws only the marker. Measured on a 2-core CPU: savefig of the whole figure ~200 ms,
-    a frame here ~30 ms (about 12 ms of it PNG encoding). Give it a figure pyplot does not
-    manage (``ulp_plot(..., pyplot=False)``): it becomes that figure's canvas.
+    and draws only the marker, several times faster than a savefig of the whole figure
+    (benchmarks/RECORDS.md). Give it a figure pyplot does not manage
+    (``ulp_plot(..., pyplot=False)``): it becomes that figure's canvas.
     """
 
     def __init__(self, fig: Figure, precisions=None):

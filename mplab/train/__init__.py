@@ -32,7 +32,7 @@ from dataclasses import fields
 from .config import PATHS, PRECISIONS, TrainConfig
 from .errors import NonFiniteLossError, TrainWarning
 from .recorder import Recorder
-from .result import TrainResult, loss_overlaps
+from .result import TrainResult, accuracy_rise, loss_overlaps, step_time_noise
 
 #: Names a lesson or a user reaches for, imported on first use (each path's libraries are slow
 #: to import: only the path a run takes is loaded).
@@ -44,8 +44,8 @@ _LAZY = {
 }
 
 __all__ = ["train", "TrainConfig", "TrainResult", "Recorder", "NonFiniteLossError", "TrainWarning",
-           "PATHS", "PRECISIONS", "loss_overlaps", "compare", "plan", "ranks", "launch", "fp8",
-           *_LAZY]
+           "PATHS", "PRECISIONS", "loss_overlaps", "step_time_noise", "accuracy_rise", "compare",
+           "plan", "ranks", "launch", "fp8", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -8,13 +8,13 @@ each recipe over the same batches, from the same weights, next to fp32 and bf16.
     mplab.diagnose(runs["e4m3_unscaled"])   # the recipe that goes wrong, and why
 
 The recipes (`RECIPES`): "fp32"; "bf16" (torch.autocast with bf16 units, else emulated: each
-Linear's input, weight and output gradient rounded to bf16 by `round_to_format`, products
-summed in fp32); torchao's `convert_to_float8_training` with the configs of
+Linear's input, weight and output gradient rounded to bf16 by `round_to_format`, products summed in
+fp32); torchao's `convert_to_float8_training` with the configs of
 `Float8LinearConfig.from_recipe_name` ("tensorwise", "rowwise", "rowwise_with_gw_hp"),
-`emulate=True` (fp32 matmuls of the dequantised values) without fp8 matmuls; "mplab", the
-tensorwise recipe from scratch (`mplab.lowbit.qdq`: input and weight cast to e4m3, the output
-gradient to e5m2, by `mplab.lowbit.quantize.tensorwise`), equal to torchao's bit for bit; "e4m3_unscaled",
-mplab's with the output gradient cast to e4m3 at scale 1: the one that goes wrong.
+`emulate=True` (fp32 matmuls of the dequantised values) without fp8 matmuls; "mplab", the tensorwise
+recipe from scratch (`mplab.lowbit.qdq`: input and weight cast to e4m3, the output gradient to e5m2,
+by `mplab.lowbit.quantize.tensorwise`), equal to torchao's bit for bit; "e4m3_unscaled", mplab's
+with the output gradient cast to e4m3 at scale 1: the one that goes wrong.
 
 Every run starts from the lesson model's warm start (from random weights no recipe learns in a
 lesson's 40 steps: nothing to compare), has no dropout, and trains on the same batches (their
@@ -66,7 +66,8 @@ RECIPES = {
 TORCHAO_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 #: The recipe that goes wrong on the lesson model (measured: see `TRACKS`).
 BROKEN = "e4m3_unscaled"
-#: A lesson's run: 40 steps of 32 reviews, every recipe in about 13 s on 2 CPU cores.
+#: A lesson's run: 40 steps of 32 reviews, every recipe within a lesson's time on a CPU
+#: (benchmarks/RECORDS.md).
 STEPS = 40
 
 

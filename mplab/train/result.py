@@ -1,9 +1,12 @@
-"""The record every training run returns, whichever path trained it."""
+"""The record every training run returns, whichever path trained it, and what runs say read
+side by side: where loss curves overlap, when a gap in step time is noise, whether an
+accuracy rose beyond chance (each decided here, then said in words)."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -13,7 +16,8 @@ from mplab._display import Table
 from mplab.amp.audit import DTYPE_FIELDS, Audit
 from mplab.numerics.formats import dtype_from_name, dtype_name
 
-__all__ = ["OWN_LOOP", "STOP_REASONS", "TrainResult", "loss_overlaps"]
+__all__ = ["OWN_LOOP", "STOP_REASONS", "TrainResult", "loss_overlaps", "StepTimeNoise",
+           "step_time_noise", "AccuracyRise", "accuracy_rise"]
 
 #: `TrainResult.path` of a loop of one's own, recorded by `Recorder` (not one of mplab's paths).
 OWN_LOOP = "own loop"
@@ -254,3 +258,93 @@ def loss_overlaps(runs: dict[str, TrainResult], share: float = 0.01) -> str:
             lines.append(f"{a} and {b}: largest gap {gap:.4f}, at step {v['gap_step']} of the "
                          f"{steps} both trained, {where}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class StepTimeNoise:
+    """Two runs' steady step times (:func:`step_time_noise`), and whether their gap is this
+    machine's noise: it is when the losses agree to the last bit (`same_losses`), for then the
+    two runs did the same arithmetic. `step_ratio`: the run's steady step over the baseline's
+    (NaN when either has none)."""
+
+    run: str
+    baseline: str
+    same_losses: bool
+    step_ratio: float
+
+    def paragraphs(self) -> list[str]:
+        """What the ratio means, to print under the runs' table: none when the losses differ
+        (the runs did different arithmetic, so their gap need not be noise)."""
+        if not self.same_losses:
+            return []
+        return [f"The {self.run} run's losses are the {self.baseline} run's to the last bit, and "
+                f"its steady step took {self.step_ratio:.2f}x as long:\nbetween runs that agree "
+                "to the last bit, a difference of that size is this machine's noise (warm-up, "
+                "the order of the runs, other work on it)."]
+
+
+def step_time_noise(run: TrainResult, baseline: TrainResult) -> StepTimeNoise:
+    """`run` against `baseline` (its fp32 twin), each named by its precision: whether their
+    losses agree bit for bit, and the ratio of their steady step times."""
+    if not isinstance(run, TrainResult) or not isinstance(baseline, TrainResult):
+        raise TypeError(f"step_time_noise takes two TrainResults, got {type(run).__name__} and "
+                        f"{type(baseline).__name__}")
+    ours, theirs = run.steady_step_seconds, baseline.steady_step_seconds
+    ratio = ours / theirs if ours is not None and theirs else math.nan
+    return StepTimeNoise(run.precision, baseline.precision, run.losses == baseline.losses, ratio)
+
+
+@dataclass(frozen=True)
+class AccuracyRise:
+    """How far an evaluation accuracy moved over a run, against chance (:func:`accuracy_rise`).
+
+    `noise`: two standard errors of an accuracy measured on `held_out` reviews at its widest
+    (p = 1/2), 2·sqrt(p(1-p)/n): re-drawing the reviews moves it that much by chance alone.
+    `beyond_chance`: whether `rise` (the last accuracy less the first) is past it; `fell`,
+    whether it fell past it.
+    """
+
+    first: float
+    last: float
+    rise: float
+    noise: float
+    held_out: int
+    steps: int
+    beyond_chance: bool
+
+    def says(self, elsewhere: str = "") -> str:
+        """The decision in words; `elsewhere`, said in brackets after a rise within chance, is
+        where the run trains longer (lesson 6: a machine with bf16 units)."""
+        if self.beyond_chance:
+            return (f"The accuracy rose by {self.rise:.3f}, past the ±{self.noise:.3f} that "
+                    f"chance gives on {self.held_out} reviews: the model learned.")
+        if self.fell:
+            return (f"In {self.steps} steps the accuracy fell by {-self.rise:.3f}, past the "
+                    f"±{self.noise:.3f} that chance gives on {self.held_out} reviews: the run "
+                    "made the model worse; read its losses before trusting it.")
+        return (f"In {self.steps} steps the accuracy moved by {self.rise:+.3f}, within the "
+                f"±{self.noise:.3f} that chance gives on {self.held_out} reviews: too few steps "
+                "for this model to learn" + (f" ({elsewhere})" if elsewhere else ""))
+
+    @property
+    def fell(self) -> bool:
+        """The accuracy fell by more than chance explains."""
+        return self.rise < -self.noise
+
+    __str__ = says
+
+
+def accuracy_rise(accuracies: Sequence[float], held_out: int, steps: int) -> AccuracyRise:
+    """The first and the last of a run's evaluation `accuracies` (each over the same `held_out`
+    reviews, in the order measured), `steps` optimizer steps apart, against chance."""
+    accuracies = list(accuracies)
+    if not accuracies:
+        raise ValueError("accuracy_rise needs the run's evaluation accuracies, first to last; "
+                         "got none (did the run evaluate?)")
+    if isinstance(held_out, bool) or not isinstance(held_out, int) or held_out < 1:
+        raise ValueError(f"held_out is the number of reviews each accuracy was measured on, a "
+                         f"positive int; got {held_out!r}")
+    noise = 2 * (0.25 / held_out) ** 0.5
+    rise = accuracies[-1] - accuracies[0]
+    return AccuracyRise(accuracies[0], accuracies[-1], rise, noise, held_out, steps,
+                        rise > noise)

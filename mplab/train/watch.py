@@ -35,7 +35,8 @@ SCALER_METHODS = ("scale", "unscale_", "step", "update")
 
 
 def inner_optimizer(optimizer):
-    """The torch optimizer inside Accelerate's or mplab.numerics.bf16_updates's wrapper (hooks go on it)."""
+    """The torch optimizer inside Accelerate's or mplab.numerics.bf16_updates's wrapper (hooks
+    go on it)."""
     while hasattr(optimizer, "optimizer"):  # AcceleratedOptimizer subclasses Optimizer too
         optimizer = optimizer.optimizer
     return optimizer

@@ -4,12 +4,12 @@
     explorer = precision_explorer(0.1)
     explorer          # show it; explorer.value is the number, readable and settable from Python
 
-One number in every format side by side: its bits as coloured boxes (click one to flip it),
-its neighbours in each format (◀ ▶), what each format stores and what that costs, and where
-the number sits on the plot of spacing against magnitude. Every figure comes from
-mplab.numerics.formats, mplab.numerics.explain and mplab.plots; this module only builds the controls and renders
-results. Any format of mplab.numerics.formats.ALL_FORMATS can be a row: e8m0 has no sign bit to draw,
-fp4 and fp6 have 4 and 6 bits and no inf or NaN, the FNUZ formats no -0 (its pattern is NaN).
+One number in every format side by side: its bits as coloured boxes (click one to flip it), its
+neighbours in each format (◀ ▶), what each format stores and what that costs, and where the number
+sits on the plot of spacing against magnitude. Every figure comes from mplab.numerics.formats,
+mplab.numerics.explain and mplab.plots; this module only builds the controls and renders results.
+Any format of mplab.numerics.formats.ALL_FORMATS can be a row: e8m0 has no sign bit to draw, fp4 and
+fp6 have 4 and 6 bits and no inf or NaN, the FNUZ formats no -0 (its pattern is NaN).
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ class PrecisionExplorer(StaticView, widgets.VBox):
         self.observe(self._on_value, "value")
         self._show(read_number(value).value if isinstance(value, str) else value)
 
-    # --- callbacks: read the input, call mplab.numerics.formats, show ------------------------------
+    # --- callbacks: read the input, call mplab.numerics.formats, show --------------------------
     @guarded
     def _on_text(self, change) -> None:
         if self._syncing:

@@ -5,8 +5,8 @@
     demo = swamping_demo()                                       # demo.master.value = True
 
 The numbers come from :mod:`mplab.numerics.casts` (exact counts of what torch's casts do) and
-:mod:`mplab.numerics.failures`, the figures from :mod:`mplab.plots.casts`; this module only builds the
-controls and shows the results.
+:mod:`mplab.numerics.failures`, the figures from :mod:`mplab.plots.casts`; this module only builds
+the controls and shows the results.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ class LossScaleExplorer(StaticView, widgets.VBox):
                  precision: str = "fp16", log2_scale: int = 0):
         super().__init__()
         if not isinstance(capture, Capture):
-            raise TypeError(f"loss_scale_explorer takes what mplab.amp.capture.capture returns, got "
-                            f"{type(capture).__name__}")
+            raise TypeError("loss_scale_explorer takes what mplab.amp.capture.capture returns, "
+                            f"got {type(capture).__name__}")
         precision = get_format(precision).name
         _choice(precision, LOSS_SCALE_FORMATS, "precision")
         _choice(kind, KINDS, "kind")

@@ -34,7 +34,7 @@ from mplab.widgets._common import StaticView, guarded, png
 
 __all__ = ["training_panel", "TrainingPanel", "comparison"]
 
-_REDRAWS = 12  # live plot updates per run: a redraw costs ~0.1 s, a lesson step ~0.03 s
+_REDRAWS = 12  # live plot updates per run: a redraw costs several steps (benchmarks/RECORDS.md)
 
 
 def _devices() -> list[tuple[str, str]]:
