@@ -7,9 +7,11 @@ and 300 ms.
 Prints: one capture (an fp32 forward + backward with hooks, every tensor copied), sorting the
 magnitudes and building the exponent histograms of all three kinds, and per new loss scale
 (median and max over 10 scales) redrawing the histogram figure to PNG and the per-layer cast
-table. The model is mplab.models.lesson_model() when that exists, else a stand-in of the same
-size: BertForSequenceClassification, hidden 128, 2 layers, 2 heads, intermediate 512, vocab
-2000; the batch is 32 sequences of 48 tokens.
+table; then, on 5 M values, sorting the magnitudes and the relative errors in numpy against
+torch, and the lessons' `fixtures.lesson_capture()` (150 training steps and a capture). The
+model is mplab.models.lesson_model() when that exists, else a stand-in of the same size:
+BertForSequenceClassification, hidden 128, 2 layers, 2 heads, intermediate 512, vocab 2000; the
+batch is 32 sequences of 48 tokens.
 """
 
 from __future__ import annotations
@@ -119,6 +121,34 @@ def main() -> None:
     verdict = "under" if med < BUDGET_REDRAW_MS else "OVER"
     print(f"loss_scale_explorer slider move: median {med:.0f} ms, max {mx:.0f} ms over "
           f"{len(moves)} moves: {verdict} the {BUDGET_REDRAW_MS:g} ms budget")
+
+    # The figures behind numerics.casts (benchmarks/RECORDS.md): on 5 M values, Magnitudes'
+    # sort, and the relative errors in numpy against the same expression in torch, side by side.
+    v = torch.randn(5_000_000, generator=g) * 1e-3
+    q = v.to(torch.float16).float()
+    _, t_sort = timed(lambda: casts.Magnitudes(v))
+
+    def in_numpy():
+        vn = v.numpy()
+        rel = abs(q.numpy() - vn)
+        rel /= abs(vn)
+        return float(rel.sum(dtype="float64")) / rel.size, float(rel.max())
+
+    def in_torch():
+        rel = (q - v).abs_().div_(v.abs())
+        return rel.sum(dtype=torch.float64).item() / rel.numel(), rel.max().item()
+
+    pairs = [(timed(in_numpy)[1], timed(in_torch)[1]) for _ in range(3)]
+    t_np, t_torch = (statistics.median(p[i] for p in pairs) for i in (0, 1))
+    print(f"\n5 M values: Magnitudes sort {t_sort * 1e3:.0f} ms; relative errors in numpy "
+          f"{t_np * 1e3:.0f} ms, in torch {t_torch * 1e3:.0f} ms (torch {t_torch / t_np:.1f}x "
+          "numpy's time)")
+
+    # fixtures.lesson_capture: 150 fp32 training steps, then the capture (lessons 2 and 9).
+    from mplab.fixtures import lesson_capture
+
+    _, t_lesson = timed(lesson_capture)
+    print(f"fixtures.lesson_capture() (150 steps + capture): {t_lesson:.1f} s")
 
 
 if __name__ == "__main__":

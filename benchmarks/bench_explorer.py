@@ -5,7 +5,8 @@
 
 In a kernel every widget update becomes a comm message on the iopub socket, as it does when
 a learner clicks in JupyterLab; in process the messages go nowhere, so that figure is the
-computing and drawing alone. Prints median and max milliseconds per kind of interaction.
+computing and drawing alone. Prints median and max milliseconds per kind of interaction, then
+the ulp plot's frames: `plots.MarkerPng` against a savefig of the whole figure.
 """
 
 from __future__ import annotations
@@ -52,7 +53,28 @@ BENCH = textwrap.dedent('''
         verdict = "under" if worst < budget_ms else "OVER"
         print(f"slowest interaction {worst:.1f} ms: {verdict} the {budget_ms} ms budget")
 
+    def frames(n=10):
+        """plots.MarkerPng against savefig of the whole ulp plot, side by side (RECORDS.md)."""
+        import io
+        from mplab import plots
+        t = time.perf_counter()
+        frames = plots.MarkerPng(plots.ulp_plot(None, pyplot=False))
+        frames.png(0.1)  # the static part drawn once, as the explorer's first view does
+        static_ms = (time.perf_counter() - t) * 1e3
+        whole, frame = [], []
+        for i in range(n):
+            t = time.perf_counter()
+            frames.fig.savefig(io.BytesIO(), format="png")
+            whole.append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+            frames.png(10.0 ** (i - 5))
+            frame.append((time.perf_counter() - t) * 1e3)
+        w, f = statistics.median(whole), statistics.median(frame)
+        print(f"ulp plot: built and first frame {static_ms:.0f} ms; savefig of the whole figure "
+              f"{w:.0f} ms, a MarkerPng frame {f:.0f} ms ({w / f:.1f}x; medians of {n})")
+
     bench()
+    frames()
 ''')
 
 

@@ -9,6 +9,12 @@ user calls it, amax and scales included, mplab's and torchao's taking turns on o
 float32 tensor, one CPU thread; medians are reported (`mplab.bench.quantizer_speed`). The two
 results are compared bit for bit first ("same bits"). mplab's returns float32 values on the
 grid, the scaled tensor and the dequantised one; torchao's the packed bits, fp4 two to a byte.
+
+    python benchmarks/bench_quantizers.py --slab     # only: a cast a slab at a time, or whole
+
+`--slab` times `mplab.lowbit.quantize.scale_and_cast` (e4m3, one scale) on the size asked (4096 x
+4096 by default) a `SLAB` of rows at a time, as it runs, against the whole tensor as one slab,
+taking turns on one CPU thread: the figure behind `SLAB` (benchmarks/RECORDS.md).
 """
 
 from __future__ import annotations
@@ -21,6 +27,35 @@ from mplab.bench.quantizers import RATIO, TARGET_RATIO, quantizer_speed
 from mplab.hardware import describe
 
 
+def slabs(rows: int, columns: int, repeats: int) -> None:
+    """scale_and_cast a SLAB at a time against the whole tensor at once, medians of turns."""
+    import statistics
+    import time
+
+    from mplab.lowbit import quantize
+
+    x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(0))
+    one, slab = torch.tensor(1.0), quantize.SLAB
+    times: dict[int, list[float]] = {slab: [], x.numel(): []}
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for turn in range(repeats + 1):
+            for size in times:
+                quantize.SLAB = size
+                t = time.perf_counter()
+                quantize.scale_and_cast(x, one, "fp8_e4m3", one)
+                if turn:  # the first turn warms up
+                    times[size].append(time.perf_counter() - t)
+    finally:
+        quantize.SLAB = slab
+        torch.set_num_threads(before)
+    part, whole = (statistics.median(t) * 1e3 for t in times.values())
+    print(f"scale_and_cast e4m3 on {rows} x {columns}, one thread: {part:.0f} ms a SLAB "
+          f"({slab} values) at a time, {whole:.0f} ms as one slab ({whole / part:.1f}x; "
+          f"medians of {repeats} turns)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, nargs=2, metavar=("ROWS", "COLUMNS"),
@@ -28,9 +63,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed turns per recipe")
     parser.add_argument("--budget", type=float, default=10.0,
                         help="seconds per recipe after which fewer turns are timed (at least 3)")
+    parser.add_argument("--slab", action="store_true",
+                        help="only time a cast a SLAB at a time against the whole tensor")
     args = parser.parse_args()
     sizes = [tuple(args.size)] if args.size else [(4096, 4096), (1024, 4096)]
     print(f"{describe('cpu')}; torch {torch.__version__}")
+    if args.slab:
+        slabs(*sizes[0], args.repeats)
+        return
     verdicts = []
     for size in sizes:
         table = quantizer_speed(size, repeats=args.repeats, budget_s=args.budget)

@@ -3,6 +3,7 @@
     python benchmarks/bench_train.py                       # CPU: about 3 minutes on 2 cores
     python benchmarks/bench_train.py --steps 100 --parity-steps 300
     python benchmarks/bench_train.py --device cuda         # adds a >= 100M-parameter model
+    python benchmarks/bench_train.py --choices --threads 1 # the figures in RECORDS.md
 
 1. Overhead. samples/s of `mplab.train` (fp32, bf16) and of the smallest loop that does the
    same arithmetic (autocast, forward, backward, AdamW, the same lr schedule) on the same model,
@@ -14,6 +15,10 @@
    Target: within 2 %.
 4. On CUDA only: fp16 and bf16 against fp32 on a 126M-parameter BERT (the lesson model at
    hidden 1024, 10 layers, built from its config, no download). Target >= 2.5x.
+
+`--choices` prints instead the figures the code's choices rest on (benchmarks/RECORDS.md):
+encoding the lesson data, the check `low_precision_cost` runs before a CPU run, a lesson step
+with and without `by_length` batches (pairs), and the training panel's redraw against a step.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from mplab._display import Table
 from mplab.hardware import cpu_features, describe, has_units, resolve_device
 from mplab.numerics.formats import dtype_of
 from mplab.train import NonFiniteLossError, TrainConfig, TrainWarning, train
-from mplab.train.inputs import global_batches, model_inputs
+from mplab.train.inputs import encoded_splits, global_batches, model_inputs
 from mplab.train.run import lr_schedule
 
 OVERHEAD_TARGET, BF16_TARGET, PARITY_TARGET, CUDA_TARGET = 0.05, 1.5, 0.02, 2.5
@@ -137,6 +142,51 @@ def cuda_speedup(steps: int, batch_size: int, device: str = "cuda", shape=BIG) -
                              f"(target >= {CUDA_TARGET}x over fp32)")
 
 
+def choices(device: torch.device, steps: int, batch_size: int, rounds: int) -> None:
+    """The figures behind the code's choices (benchmarks/RECORDS.md), each printed once."""
+    import io
+
+    from mplab.plots import LossCurveWarning, loss_curves_plot
+    from mplab.train.errors import low_precision_cost
+
+    train_set, tokenizer = data.load_dataset("sentiment", "train"), models.lesson_tokenizer()
+    t = time.perf_counter()
+    encoded_splits(TrainConfig(), tokenizer, train_set)  # train and test splits, as a run does
+    splits = time.perf_counter() - t
+    t = time.perf_counter()
+    data.encode(tokenizer, train_set.texts, train_set.labels)
+    again = time.perf_counter() - t
+    print(f"a run's train and test splits encoded (inputs.encoded_splits, first call): "
+          f"{splits:.2f} s; the {len(train_set)} training reviews again: {again:.2f} s")
+    if device.type == "cpu":
+        for precision in ("bf16", "fp16"):
+            t = time.perf_counter()
+            low_precision_cost(precision, device)
+            print(f"low_precision_cost({precision!r}) before a CPU run: "
+                  f"{time.perf_counter() - t:.2f} s")
+    step = {True: [], False: []}
+    for round_ in range(rounds):  # pairs, alternating which goes first
+        for grouped in (True, False) if round_ % 2 == 0 else (False, True):
+            run = quiet(precision="fp32", device=device.type, steps=steps,
+                        batch_size=batch_size, eval_samples=0, progress=False,
+                        by_length=grouped)
+            step[grouped].append(run.steady_step_seconds)
+    ratio = statistics.median(b / a for a, b in zip(step[True], step[False]))
+    grouped, plain = (statistics.median(step[k]) * 1e3 for k in (True, False))
+    print(f"a lesson step, fp32, batch {batch_size}: {grouped:.1f} ms with by_length batches, "
+          f"{plain:.1f} ms without ({ratio:.2f}x, median of {rounds} pairs)")
+    redraws = []
+    for _ in range(3):
+        t = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LossCurveWarning)
+            loss_curves_plot([run, run], pyplot=False).savefig(io.BytesIO(), format="png")
+        redraws.append(time.perf_counter() - t)
+    redraw = statistics.median(redraws)
+    print(f"the training panel's redraw (loss curves to PNG): {redraw * 1e3:.0f} ms, "
+          f"{redraw * 1e3 / grouped:.1f} lesson steps (by_length)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -147,12 +197,21 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--cuda-steps", type=int, default=40)
     p.add_argument("--cuda-batch-size", type=int, default=256)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--choices", action="store_true",
+                   help="print only the figures behind the code's choices (RECORDS.md)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     feats = cpu_features()
     print(f"{describe(args.device)}; torch {torch.__version__}, {torch.get_num_threads()} "
           f"threads; CPU features: " + ", ".join(f"{k}={'yes' if v else 'no'}"
                                                for k, v in feats.items()))
+    if args.choices:
+        print()
+        choices(device, args.steps, args.batch_size, args.rounds)
+        return
 
     speeds = overhead(device, args.steps, args.batch_size, args.rounds)
     rows = []

@@ -147,8 +147,8 @@ def batches(encoded: dict[str, torch.Tensor], batch_size: int = 32, shuffle: boo
     epoch) and does not touch torch's global random state. Columns that are padding in every
     row of a batch are dropped, so a batch of short texts costs less. `by_length=True` puts
     texts of similar length together (within pools of 50 batches, in shuffled batch order), so
-    batches hold almost no padding: on the lesson data, 33 instead of 44 ms per training step
-    of the lesson model on 2 CPU cores.
+    batches hold almost no padding: on the lesson data a training step of the lesson model
+    takes markedly less time (benchmarks/RECORDS.md).
     """
     dev = resolve_device(device) if isinstance(device, str) else device
     for rows in batch_rows(encoded, batch_size, shuffle, seed, drop_last, by_length):

@@ -43,7 +43,8 @@ def lesson_capture(steps: int = 150, batch_size: int = 32, seed: int = 0) -> Cap
     through training, not just initialised: its gradients have changed as its loss fell, as a
     real run's do. ``steps=0`` captures the model as initialised.
 
-    About 5 s on 2 CPU cores; cached, so a notebook and its exercises share one capture.
+    Seconds of training (benchmarks/RECORDS.md); cached, so a notebook and its exercises
+    share one capture.
     """
     for name, v, lo in (("steps", steps, 0), ("batch_size", batch_size, 1), ("seed", seed, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:

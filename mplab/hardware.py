@@ -169,9 +169,9 @@ def time_matmul(n: int, precision="fp32", device="auto", budget_s: float = 0.5,
     is spent. One warm-up run first; slow precisions (fp16 on a CPU without fp16 units) get
     few repeats. `threads` times a CPU matmul on that many threads (then restores torch's).
 
-    One thread is the fair ratio on a shared 2-core machine: a two-thread fp32 matmul (0.6 ms
-    at n=256) waits 10-15 ms whenever the other core is busy; one thread never waits, and the
-    low/fp32 ratio per thread is the hardware's.
+    One thread is the fair ratio on a shared 2-core machine: a two-thread fp32 matmul waits
+    many times its own time whenever the other core is busy (benchmarks/RECORDS.md); one
+    thread never waits, and the low/fp32 ratio per thread is the hardware's.
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")

@@ -8,7 +8,8 @@
 
 The lesson model is a real `BertForSequenceClassification`, just small (324 k parameters:
 hidden 128, 2 layers, 4 heads, feed-forward 256, no dropout), so a training step on a batch of
-32 lesson reviews takes 30-45 ms on 2 CPU cores and every lesson can train it for real.
+32 lesson reviews takes milliseconds on a CPU (benchmarks/RECORDS.md) and every lesson can
+train it for real.
 `load_pretrained` is the code path a hub model takes too, so what a lesson shows on the
 lesson model carries over.
 """

@@ -156,7 +156,7 @@ COURSE_STEPS = 400
 def course_run():
     """The lesson model trained 400 fp32 steps through mplab.train with the course's exact
     call, `model(input_ids, labels=labels)` (no mask) on length-grouped batches: the one long
-    run the suite shares (about 17 s on 2 cores). (result, trained model)."""
+    run the suite shares (its time: benchmarks/RECORDS.md). (result, trained model)."""
     from mplab import models
     from mplab.train import train
 

@@ -294,7 +294,7 @@ def test_a_cpu_measures_utilisation_against_a_peak_it_has(machine):
     assert cpu_peak("bf16", {})[0] is None
 
 
-@pytest.mark.slow  # about 5 s: the tests' bench plan
+@pytest.mark.slow  # the tests' bench plan, on each machine (benchmarks/RECORDS.md)
 def test_no_row_claims_more_than_100_percent_utilisation(machine):
     from mplab import bench
 

@@ -75,7 +75,7 @@ def one_process_twin(command: str):
         return train(config), n
 
 
-@pytest.mark.slow  # about 10 s each: up to two processes import torch and transformers
+@pytest.mark.slow  # up to two processes import torch and transformers (benchmarks/RECORDS.md)
 @pytest.mark.parametrize("command", COMMANDS)
 def test_each_readme_training_command_runs_as_written(command, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -286,7 +286,7 @@ def test_runs_of_different_precisions_follow_each_other_in_one_process():
 
 # ---- several processes ----------------------------------------------------------------------
 
-@pytest.mark.slow  # about 5 s: accelerate's launcher, and a module that prints one line
+@pytest.mark.slow  # accelerate's launcher and a module printing one line (benchmarks/RECORDS.md)
 def test_accelerate_launch_cpu_with_two_processes_starts_one():
     """accelerate 1.15 on a CPU: --cpu --num_processes 2 starts a single process (multi-CPU
     there goes through mpirun), as the README says; --multi_gpu starts two (the README's

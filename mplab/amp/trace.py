@@ -415,8 +415,8 @@ def trace(model, batch_or_inputs, *, precision="bf16", device="auto", loss_fn=No
     `output.float().sum()` of the (first) output tensor, a stand-in that reaches every
     parameter (its `.float()` shows as an explicit cast). `backward=False`: the forward only.
     `precision`: bf16 or fp16 autocast; fp32 traces the step without autocast, to compare.
-    The first trace in a process takes 2-3 s more (torch imports torch._dynamo); then a step of
-    the lesson model on 8 reviews takes 0.2-0.9 s (torch 2.13, 2 CPU cores).
+    The first trace in a process takes longer (torch imports torch._dynamo); each trace costs
+    many plain steps (benchmarks/RECORDS.md).
     """
     dtype = parse_precision(precision)
     if not isinstance(device, str | torch.device):

@@ -1,6 +1,6 @@
 """python -m mplab.bench: will mixed precision help on this machine, and why?
 
-    python -m mplab.bench --quick                       # CPU: under a minute on 2 cores
+    python -m mplab.bench --quick                       # CPU: few sizes (benchmarks/RECORDS.md)
     python -m mplab.bench --device cuda --json bench.json --plot bench.png
 
 Measures fp32 against bf16 and fp16 (and tf32 on a GPU), side by side in one run: a matmul

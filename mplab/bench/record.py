@@ -40,8 +40,8 @@ def lesson_bench(device: str = "auto", progress=None, *, tiny: bool = False) -> 
     """Lesson 7's bench: the record `python -m mplab.bench --json` writes, for a plan short
     enough for a lesson: 255² and 256² matmuls (one a multiple of 8, one not) and a 512² one,
     then the lesson transformer at hidden 128/2 layers, 256/4 and 512/4 through `mplab.train`,
-    fp32 against bf16 (and fp16 where it is cheap; tf32 on a GPU). On 2 EPYC cores it took
-    5.6-5.8 s, of which 2.3 s import transformers (3.3-3.5 s for a second call).
+    fp32 against bf16 (and fp16 where it is cheap; tf32 on a GPU): seconds on a CPU, much of
+    the first call importing transformers (benchmarks/RECORDS.md).
 
     `progress(row)` is called with each `BenchRow` as it is measured; `tiny` runs the tests'
     sizes (seconds)."""

@@ -69,8 +69,9 @@ class Plan:
     big_model: tuple[int, int] | None = None      # GPU only: a model that fills the device
     big_batch_size: int = 512
     matmul_budget_s: float = 0.3
-    # On a CPU without units for a precision, its matmuls run 40-200x slower than fp32: past
-    # these sizes the run would take minutes, so they are skipped (and the output says so).
+    # On a CPU without units for a precision, its matmuls run tens of times slower than fp32
+    # (benchmarks/RECORDS.md): past these sizes the run would take minutes, so they are
+    # skipped (and the output says so).
     slow_matmul_limit: int = 1024
     slow_model_sizes: int = 1
     # fp32 at a size where no other precision is timed: a row with no speed-up to show. The
@@ -92,8 +93,8 @@ class Plan:
         on 2 CPU cores) or `tiny` (the tests'; it wins over the others)."""
         if device_type not in ("cpu", "cuda"):
             raise ValueError(f"unknown device type {device_type!r}; accepted: 'cpu', 'cuda'")
-        # The lesson model and two bigger ones: on a CPU with bf16 units the crossover lies
-        # between the first and the second (0.65×, 1.4×, 2.1× measured on 2 EPYC cores).
+        # The lesson model and two bigger ones: on a CPU with bf16 units the crossover falls
+        # among them (the speed-ups measured: benchmarks/RECORDS.md).
         lesson_sizes = ((128, 2), (256, 4), (512, 4))
         if device_type == "cuda":
             precisions = ("fp32", "tf32", "bf16", "fp16")
@@ -119,7 +120,7 @@ class Plan:
             # EPYC, bf16 on an AVX2-only CPU) runs only where it is cheap: the 255² and 256²
             # matmuls (2 repeats) and the lesson model; the output says what it skipped.
             # fp32 then runs only beside them: alone at the larger sizes it shows no speed-up
-            # and took 3 of the lesson's 8 s of bench.
+            # and took a large share of the lesson's bench (benchmarks/RECORDS.md).
             return cls("cpu", precisions, (255, 256, 512), lesson_sizes, 3, 32,
                        matmul_budget_s=0.1, slow_matmul_limit=256, fp32_alone=False,
                        name="lesson")
@@ -207,8 +208,8 @@ def best_gflops(rows: list[BenchRow]) -> dict[str, float]:
     """The best matmul throughput measured per precision (GFLOP/s): a CPU's reference peak.
 
     A CPU's matmuls (and training steps) are timed on one thread: on a shared 2-core machine
-    a two-thread 256² matmul (0.6 ms) waits 10-15 ms whenever the other core is busy, which no
-    median survives."""
+    a two-thread 256² matmul waits many times its own time whenever the other core is busy
+    (benchmarks/RECORDS.md), which no median survives."""
     best: dict[str, float] = {}
     for r in rows:
         if r.kind == "matmul":
@@ -234,10 +235,10 @@ def model_sweep(plan: Plan, reference: dict[str, float] | None = None,
 
 @contextlib.contextmanager
 def _cpu_threads(device: str):
-    """A CPU's training steps run on one thread, like its matmuls: on this shared 2-core
-    machine two-thread steps of the lesson model took 1.3-2 s when the other core was busy,
-    against 0.05 s when not; one thread never waits for the other, and the ratios are the
-    hardware's."""
+    """A CPU's training steps run on one thread, like its matmuls: on a shared 2-core
+    machine two-thread steps of the lesson model took tens of times longer when the other core
+    was busy (benchmarks/RECORDS.md); one thread never waits for the other, and the ratios are
+    the hardware's."""
     before = torch.get_num_threads()
     if device == "cpu":
         torch.set_num_threads(1)
@@ -279,7 +280,8 @@ def _sweep_sizes(plan, sizes, batches, reference, progress) -> list[BenchRow]:
 
 def _warm_up(plan: Plan) -> None:
     """One short run per fast precision first: the first training steps of a process pay for
-    kernel setup (the first fp32 steps on this 2-core CPU took 1.3 s instead of 0.05 s)."""
+    kernel setup (the first fp32 steps took many times a steady step's time,
+    benchmarks/RECORDS.md)."""
     from mplab.models import lesson_model
 
     hidden, layers = plan.model_sizes[0]
@@ -393,7 +395,7 @@ def memory_changes(profile) -> list[tuple[int, int]]:
     Read off the profiler's raw "[memory]" records, not off `profile.events()`: there every op
     carries the allocations made inside it, so an allocation counts once per op it is nested
     in (a training step of the 512/4 model added up to 774 MiB instead of 107), and building
-    those events took 0.6 s of a 1 s bench row."""
+    those events took most of a bench row's time (benchmarks/RECORDS.md)."""
     return [(e.start_ns(), e.nbytes()) for e in profile.profiler.kineto_results.events()
             if e.name() == "[memory]"]
 

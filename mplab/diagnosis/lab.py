@@ -83,8 +83,8 @@ def lab_batches(steps: int, batch_size: int = BATCH, device="cpu") -> Iterator[d
 @functools.cache
 def _encoded_reviews() -> dict[str, torch.Tensor]:
     """The training reviews tokenized once: lesson 7 runs the lab some twenty times, and each
-    tokenizing of the 4000 reviews costs more than a short lab run's steps
-    (benchmarks/RECORDS.md; batches index these, never change them)."""
+    tokenizing of the 4000 reviews would add its time to every run (benchmarks/RECORDS.md;
+    batches index these, never change them)."""
     reviews = load_dataset("sentiment", "train")
     return encode(lesson_tokenizer(), reviews.texts, reviews.labels)
 

@@ -55,7 +55,8 @@ from pathlib import Path
 
 if sys.argv[:1] == ["-m"]:  # started as `python -m mplab.grade` (runpy imports us first)
     # nbformat validates with jsonschema, which builds an IRI grammar at import when the
-    # optional rfc3987-syntax is installed (3.4 s of a 5 s start; jupyter-events pulls it in).
+    # optional rfc3987-syntax is installed (most of the command's start, benchmarks/RECORDS.md;
+    # jupyter-events pulls it in).
     # A notebook holds no IRIs to check: the grading command goes without it.
     sys.modules.setdefault("rfc3987_syntax", None)
 

@@ -140,8 +140,8 @@ def scale_and_cast(x: torch.Tensor, times: torch.Tensor, precision, back: torch.
     `dequantized` = values * back (values / back with `divide`). `times` and `back` broadcast
     against x, each one value or one per index of x's first dimension (a scale per row, or
     per block or tile laid along it). Bit for bit what the three expressions give, computed
-    a slab of rows at a time: the cast's passes then run in cache, two to three times faster
-    on a 4096 x 4096 tensor than over the whole of it."""
+    a slab of rows at a time: the cast's passes then run in cache, faster on a large tensor
+    than over the whole of it (benchmarks/RECORDS.md)."""
     f = element_format(precision)
     x = _float_tensor(x)
     if x.dim() == 0:

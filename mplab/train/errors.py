@@ -45,8 +45,9 @@ def low_precision_cost(precision: str, device: torch.device) -> tuple[float, str
     """(slowdown, warning) where fp16/bf16 on a CPU is measured slow, else None: how many
     times as long a 256x256 matmul takes in `precision` as in fp32, and the words for it.
 
-    Times the matmul in fp32 and in `precision` on one thread (about 0.1 s): bigger matmuls
-    show the gap better, but this is paid before every CPU run in low precision.
+    Times the matmul in fp32 and in `precision` on one thread (a fraction of a second,
+    benchmarks/RECORDS.md): bigger matmuls show the gap better, but this is paid before every
+    CPU run in low precision.
     """
     if device.type != "cpu" or precision == "fp32":
         return None

@@ -32,7 +32,7 @@ def load_model(config: TrainConfig, num_labels: int, model=None, tokenizer=None)
     return loaded, tokenizer or loaded_tokenizer, config.model
 
 
-_ENCODED: dict[tuple, tuple] = {}  # the last few encodings: 1.4 s each for the lesson data
+_ENCODED: dict[tuple, tuple] = {}  # the last few encodings, each slow (benchmarks/RECORDS.md)
 
 
 def encoded_splits(config: TrainConfig, tokenizer, train: data.TextDataset):

@@ -161,7 +161,7 @@ def _start(nproc: int, given: str, back: str) -> int:
     """torchrun's own launcher (`elastic_launch`, what `torch.distributed.run --standalone`
     calls) with its ranks forked from this process once it has imported what the jobs need:
     every rank of a `python -m torch.distributed.run` imports torch and transformers itself,
-    seconds of CPU each, which on a 2-core machine cost a lesson most of its minute. Nothing
+    which on a 2-core machine cost a lesson most of its time (benchmarks/RECORDS.md). Nothing
     here runs a torch op before the fork, so no thread (nor CUDA) is forked with it."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 

@@ -318,7 +318,8 @@ def _holds(f: FloatFormat, v: float) -> bool:
 @functools.cache
 def _ulp_frames(formats: tuple[FloatFormat, ...]) -> plots.MarkerPng:
     """One ulp plot per set of formats, shared by every explorer: drawing its static part
-    takes ~0.5 s, moving its marker ~30 ms (callbacks run one at a time, so sharing is safe)."""
+    costs many times what moving its marker does (benchmarks/RECORDS.md; callbacks run one at
+    a time, so sharing is safe)."""
     return plots.MarkerPng(plots.ulp_plot(None, formats, pyplot=False), formats)
 
 
