@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mplab
-from mplab.diagnosis import CAUSES, Diagnosis, diagnose, lab
+from mplab.diagnosis import CAUSES, Diagnosis, diagnose, lab, lab_runs
 from mplab.plots import learned_share
 from mplab.train import NonFiniteLossError, Recorder, TrainResult, train
 from mplab.train.watch import ScalerCalls, StepWatch
@@ -86,7 +86,7 @@ def test_low_precision_without_units_is_reproduced_where_the_cpu_lacks_them(mach
 def test_fp16_flags_are_ignored_on_a_cpu_and_the_fix_asks_for_what_it_supports(machine):
     broken = lab_run("fp16_ignored")
     assert broken.compute_dtype == torch.float32 and not broken.scales
-    fp32 = lab._train(lab.lab_model(), path="accelerate", precision="fp32",
+    fp32 = lab_runs._train(lab.lab_model(), path="accelerate", precision="fp32",
                       steps=len(broken.losses), device="cpu")
     assert broken.losses == fp32.losses and diagnose(broken).cause == "fp16_ignored"
     fixed = lab.run("fp16_ignored", fix="supported")

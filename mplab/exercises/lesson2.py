@@ -350,7 +350,9 @@ EXERCISES = {e.id: e for e in in_order([
         prompt=f"For each of the {len(CASES_2_4)} cases in the cell below, a tuple (weight "
                "`w`, `update`, the format the weight is kept in), predict whether the update "
                "is lost: `True` if `w + update`, stored in that format, is just `w` again, "
-               "else `False`. A sum that falls exactly halfway between two numbers of the "
+               "else `False`. As torch adds two fp16 (or bf16) tensors on a CPU: `w` and "
+               "`update` are each stored in the format, added in fp32, and the sum rounded "
+               "back to the format. A sum that falls exactly halfway between two numbers of the "
                "format (a tie) rounds to the one whose last mantissa bit is 0, the even one, "
                "as IEEE rounding does. Work it out first, then test your guesses with torch.",
         comment="True if w + update, kept in the format, rounds back to w",
