@@ -1,5 +1,5 @@
-"""The import paths mplab had before its modules were grouped into packages (0.1.0), kept
-working for one release: importing one warns once and hands back the module's new home.
+"""The import paths of mplab 0.1.0, before its modules were grouped into packages, kept working
+in 0.2 (gone in 0.3): importing one warns once and hands back the module's new home.
 
     import mplab.formats           # MplabDeprecationWarning: now mplab.numerics.formats
     from mplab.train.common import decay_groups   # split: found in mplab.train.run
@@ -55,8 +55,8 @@ class MplabDeprecationWarning(FutureWarning):
 
 
 def _warn(old: str, new: str) -> None:
-    warnings.warn(f"{old} moved to {new}; the old path works until mplab 0.2: import {new}",
-                  MplabDeprecationWarning, stacklevel=2)
+    warnings.warn(f"{old} moved to {new}; mplab 0.2 still takes the old path, 0.3 will not: "
+                  f"import {new}", MplabDeprecationWarning, stacklevel=2)
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
