@@ -37,11 +37,12 @@ def lab_run(name: str, fix: str | None = None) -> TrainResult:
 def test_every_cause_has_a_check_and_the_lab_reproduces_each_a_run_can_show():
     """One registry: each cause is declared by the check that names it; each one a training
     run can show is what a lab failure's broken run reproduces, or one of its fixes' notes."""
-    from mplab.diagnosis import BENCH_CHECKS, RUN_CHECKS
+    from mplab.diagnosis import BENCH_CHECKS, CRASH_CHECKS, RUN_CHECKS
 
     from_runs = {c for check in RUN_CHECKS for c in check.causes}
     from_bench = {c for check in BENCH_CHECKS for c in check.causes}
-    assert from_runs | from_bench == set(CAUSES)
+    from_crashes = {c for check in CRASH_CHECKS for c in check.causes}  # tests/test_crashes.py
+    assert from_runs | from_bench | from_crashes == set(CAUSES)
     reproduced = set(lab.FAILURES) | {c for f in lab.FAILURES.values() for _, c in f.fix_causes}
     assert reproduced == from_runs
     for name, failure in lab.FAILURES.items():

@@ -3,7 +3,8 @@
     diagnose(train(precision="fp16", steps=50))   # a TrainResult from mplab.train
     diagnose(recorder.finish())                   # your own loop (mplab.train.Recorder)
     diagnose("run.json")                          # what `python -m mplab.train --json` wrote
-    diagnose(err)                                 # a NonFiniteLossError: the run it stopped
+    diagnose(err)                                 # a NonFiniteLossError: the run it stopped;
+                                                  # any other error a run raised: its cause
 
 It reads only the record: the losses, the scale after each step, the steps the optimizer
 skipped, the gradient norms, what the hooks saw (gradient entries that were 0, low-precision
@@ -26,17 +27,22 @@ from mplab.train.errors import NonFiniteLossError
 from mplab.train.result import TrainResult
 
 from .benches import BENCH_CHECKS, diagnose_bench
+from .crashes import CRASH_CHECKS, diagnose_crash
 from .findings import CAUSES, SEVERITIES, Diagnosis, Finding, emits
 from .runs import RUN_CHECKS, diagnose_run
 
+# lab (the failure lab) is imported on first use: it trains
 __all__ = ["diagnose", "Diagnosis", "Finding", "CAUSES", "SEVERITIES", "emits", "RUN_CHECKS",
-           "BENCH_CHECKS", "lab"]  # lab (the failure lab) is imported on first use: it trains
+           "BENCH_CHECKS", "CRASH_CHECKS", "lab"]
 
 
 def diagnose(result) -> Diagnosis:
-    """Diagnose a run: a `TrainResult`, its `as_dict()`, a JSON file of one (a path), or the
-    `NonFiniteLossError` that stopped it. A benchmark record (`python -m mplab.bench --json`,
+    """Diagnose a run: a `TrainResult`, its `as_dict()`, a JSON file of one (a path), the
+    `NonFiniteLossError` that stopped it, or any other error a run raised (its cause, from the
+    error and where it was raised). A benchmark record (`python -m mplab.bench --json`,
     `bench.lesson_bench()`) is read too: will low precision help on that machine, and why not."""
+    if isinstance(result, BaseException) and not isinstance(result, NonFiniteLossError):
+        return diagnose_crash(result)
     result = _load(result)
     return diagnose_bench(result) if isinstance(result, dict) else diagnose_run(result)
 
@@ -67,6 +73,6 @@ def _load(result) -> TrainResult:
             raise ValueError(f"not a training record: no 'losses' among its keys "
                              f"{sorted(result)[:8]}")
         return TrainResult.from_dict(result)
-    raise TypeError(f"diagnose() reads a TrainResult, its as_dict(), a JSON file's path or a "
-                    f"NonFiniteLossError; got {type(result).__name__}")
+    raise TypeError(f"diagnose() reads a TrainResult, its as_dict(), a JSON file's path, a "
+                    f"bench record or the error a run raised; got {type(result).__name__}")
 

@@ -32,6 +32,15 @@ CAUSES = {
     "scale_calibrating": "skipped steps at the start: the scale calibrating",
     "stalled": "the loss did not fall",
     "too_small": "the matrices are too small for low precision to pay",
+    # a run that raised (diagnose(err)):
+    "fp16_weights_scaled": "fp16 weights under a GradScaler: it refuses to unscale fp16 "
+                           "gradients",
+    "scaler_called_twice": "GradScaler.unscale_() or step() called twice in one iteration",
+    "scaler_unused": "scaler.step() without scaler.scale(loss).backward() in the iteration",
+    "mixed_dtypes": "an op got tensors of two dtypes: a custom autograd Function, a hand cast",
+    "fill_out_of_range": "a fill or mask constant out of the format's range (-1e9 in fp16)",
+    "precision_refused": "the device refused the precision or the device asked for",
+    "crashed": "the run raised an error that is not a known mixed precision one",
     "pays": "low precision pays on this machine",
 }
 

@@ -24,6 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mplab.diagnosis.findings import CAUSES, Diagnosis
+from mplab.diagnosis.lab_crashes import (
+    custom_function,
+    fill_out_of_range,
+    fp16_weights_scaled,
+    scaler_called_twice,
+)
 from mplab.diagnosis.lab_runs import (
     BATCH,
     BF16_FIX_BYTES,
@@ -62,7 +68,8 @@ __all__ = ["CannotReproduce", "LAB_SHAPE", "BATCH", "LAB_PRETRAINED", "LR", "lab
            "clip_before_unscale", "extra_update", "scale_collapse", "accumulation_scaler",
            "accumulation_error", "fp16_ignored", "no_units", "scaler_bypassed", "diverged",
            "autocast_off", "scaler_with_bf16", "frequent_skips", "stalled", "fp8_grad_scale",
-           "pure_bf16", "BF16_FIX_BYTES", "compare_bf16_fixes", "Failure", "FAILURES", "run"]
+           "pure_bf16", "BF16_FIX_BYTES", "compare_bf16_fixes", "Failure", "FAILURES", "run",
+           "CRASHES"]
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,19 @@ FAILURES = {f.name: f for f in [
     Failure("stalled", "the loss stays where it started", ("higher_lr",), stalled),
     Failure("fp8_grad_scale", "fp8 gradients almost all exactly 0; the loss falls late",
             ("scaled_e5m2",), fp8_grad_scale),
+]}
+
+#: Failures whose broken run raises: `CRASHES[name].run()` raises the error people report
+#: (diagnose(err) names it by `name`), and `.run(fix)` trains clean.
+CRASHES = {f.name: f for f in [
+    Failure("fp16_weights_scaled", "ValueError: Attempting to unscale FP16 gradients.",
+            ("fp32_weights",), fp16_weights_scaled),
+    Failure("scaler_called_twice", "RuntimeError: unscale_() has already been called on this "
+            "optimizer since the last update()", ("unscale_once",), scaler_called_twice),
+    Failure("mixed_dtypes", "RuntimeError in a custom Function's backward: expected m1 and m2 to "
+            "have the same dtype", ("custom_fwd",), custom_function),
+    Failure("fill_out_of_range", "RuntimeError: value cannot be converted to type c10::Half "
+            "without overflow", ("finfo_min",), fill_out_of_range),
 ]}
 
 

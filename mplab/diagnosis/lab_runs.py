@@ -492,6 +492,3 @@ def compare_bf16_fixes(steps: int = 80, device="auto", lr: float = LR / 10) -> T
             "distance from fp32 master": off / moved if moved else float("nan"),
         })
     return Table(rows, title=f"pure bf16 and its fixes: {steps} AdamW steps at lr {lr:g}")
-
-
-# ---- the registry ----------------------------------------------------------------------------
