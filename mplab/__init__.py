@@ -27,4 +27,12 @@ def __getattr__(name: str):
         from mplab.diagnosis import diagnose
 
         return diagnose
+    if not name.startswith("_"):  # a package on first use: `import mplab; mplab.diagnosis.Watch`
+        import importlib
+
+        try:
+            return importlib.import_module(f"mplab.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"mplab.{name}":
+                raise
     raise AttributeError(f"module 'mplab' has no attribute {name!r}")

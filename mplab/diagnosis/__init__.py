@@ -31,9 +31,17 @@ from .crashes import CRASH_CHECKS, diagnose_crash
 from .findings import CAUSES, SEVERITIES, Diagnosis, Finding, emits
 from .runs import RUN_CHECKS, diagnose_run
 
-# lab (the failure lab) is imported on first use: it trains
+# lab (the failure lab) is imported on first use: it trains; Watch too: it imports transformers
 __all__ = ["diagnose", "Diagnosis", "Finding", "CAUSES", "SEVERITIES", "emits", "RUN_CHECKS",
-           "BENCH_CHECKS", "CRASH_CHECKS", "lab"]
+           "BENCH_CHECKS", "CRASH_CHECKS", "lab", "Watch"]
+
+
+def __getattr__(name: str):
+    if name == "Watch":
+        from .attach import Watch
+
+        return Watch
+    raise AttributeError(f"module 'mplab.diagnosis' has no attribute {name!r}")
 
 
 def diagnose(result) -> Diagnosis:

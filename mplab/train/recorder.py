@@ -37,12 +37,14 @@ class Recorder:
     """Record a loop of your own. `precision` ("fp32", "bf16", "fp16"): what you meant to
     train in; by default read off `autocast` (fp32 without one). `name`: how the record
     calls the model (by default its class, e.g. "BertForSequenceClassification"); `label`:
-    what the run is, which diagnose's header names it by (by default "own loop"). Usable as
-    a context manager, which removes the hooks at the end."""
+    what the run is, which diagnose's header names it by (by default "own loop");
+    `accelerator`: the Accelerator that prepared the loop, if one did (the audit reads what it
+    was asked for and whether it autocasts). Usable as a context manager, which removes the
+    hooks at the end."""
 
     def __init__(self, model: torch.nn.Module, optimizer, *, scaler=None, autocast=None,
                  precision: str | None = None, max_grad_norm: float | None = None,
-                 name: str | None = None, label: str | None = None):
+                 name: str | None = None, label: str | None = None, accelerator=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"Recorder watches a torch.nn.Module, got {type(model).__name__}")
         inner = inner_optimizer(optimizer)
@@ -53,6 +55,7 @@ class Recorder:
             raise TypeError(f"autocast= takes the torch.autocast(...) the forward runs in, got "
                             f"{type(autocast).__name__}")
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast
+        self.accelerator = accelerator
         precision = precision or _precision_of(autocast)
         if precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision {precision!r}: accepted: 'fp32', 'bf16', 'fp16'")
@@ -93,7 +96,7 @@ class Recorder:
         self.log.observed()
         result.seconds = result.train_seconds = time.perf_counter() - self._started
         found = self.log.audit(inner_optimizer(self.optimizer), scaler=self.scaler,
-                               autocast=self.autocast)
+                               autocast=self.autocast, accelerator=self.accelerator)
         result.warnings.extend(f.text for f in found.fallbacks)
         self.remove()
         return result
