@@ -366,6 +366,34 @@ def test_mplab_train_records_the_watch_for_fp16_only():
     assert again.zero_grad_fractions == fp16.zero_grad_fractions
 
 
+def test_a_loop_that_autocasts_inline_is_diagnosed_as_if_the_recorder_had_been_told():
+    """The same fp16 overflow (the lab's grown feed-forward), recorded with and without
+    `autocast=`: the Recorder learns fp16 from the matmuls it saw, and the diagnosis is the
+    same (it used to read an untold fp16 overflow as an fp32 run that diverged)."""
+    def loop(told: bool) -> TrainResult:
+        model = lab.lab_model()
+        lab.grow_feed_forward(model, next(lab.lab_batches(1)), largest=1e5)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lab.LR)
+        autocast = torch.autocast("cpu", dtype=torch.float16)
+        scaler = torch.amp.GradScaler("cpu")
+        with Recorder(model, optimizer, scaler=scaler,
+                      **({"autocast": autocast} if told else {})) as rec:
+            for batch in lab.lab_batches(3):
+                with autocast:
+                    loss = model(**batch).loss
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+                rec.step(loss)
+            return rec.finish()
+
+    told, untold = loop(True), loop(False)
+    assert untold.precision == told.precision == "fp16"
+    assert diagnose(untold).names == diagnose(told).names
+    assert diagnose(untold).cause == "fp16_overflow"
+
+
 def test_the_recorder_rejects_what_it_cannot_watch():
     model = lab.lab_model()
     with pytest.raises(TypeError, match="torch.nn.Module, got str"):

@@ -35,7 +35,9 @@ _SCALER_SETTINGS = ("init_scale", "growth_factor", "backoff_factor", "growth_int
 
 class Recorder:
     """Record a loop of your own. `precision` ("fp32", "bf16", "fp16"): what you meant to
-    train in; by default read off `autocast` (fp32 without one). `name`: how the record
+    train in; by default read off `autocast`, and without one, the dtype the loop's matmuls
+    were seen running in (so a loop that writes `with torch.autocast(...)` inline needs
+    neither). `name`: how the record
     calls the model (by default its class, e.g. "BertForSequenceClassification"); `label`:
     what the run is, which diagnose's header names it by (by default "own loop");
     `accelerator`: the Accelerator that prepared the loop, if one did (the audit reads what it
@@ -56,6 +58,8 @@ class Recorder:
                             f"{type(autocast).__name__}")
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast
         self.accelerator = accelerator
+        # asked for, or to be learned from what the matmuls ran in (`finish`)
+        self._told = precision is not None or autocast is not None
         precision = precision or _precision_of(autocast)
         if precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision {precision!r}: accepted: 'fp32', 'bf16', 'fp16'")
@@ -94,12 +98,23 @@ class Recorder:
         """The record, with what was observed and the audit; the hooks are removed."""
         result = self.result
         self.log.observed()
+        if not self._told and result.compute_dtype in (torch.float16, torch.bfloat16):
+            self._learn_precision(get_format(result.compute_dtype).name)
         result.seconds = result.train_seconds = time.perf_counter() - self._started
         found = self.log.audit(inner_optimizer(self.optimizer), scaler=self.scaler,
                                autocast=self.autocast, accelerator=self.accelerator)
         result.warnings.extend(f.text for f in found.fallbacks)
         self.remove()
         return result
+
+    def _learn_precision(self, precision: str) -> None:
+        """A loop that autocasts inline, with neither `autocast=` nor `precision=` given: the
+        precision is what its matmuls were seen running in, so that the diagnosis is the same
+        whether or not the Recorder was told."""
+        result = self.result
+        result.precision = result.config["precision"] = precision
+        if result.device.startswith("cpu"):
+            result.has_units = has_units(precision)
 
     def remove(self) -> None:
         self._stepped.remove()
