@@ -130,3 +130,33 @@ def test_7_3_the_reference_agrees_with_mplabs_stochastic_round_in_distribution()
 def test_7_2_each_wrong_fix_says_why():
     assert "forward pass itself" in message("7.2", "a")
     assert "step 1" in message("7.2", "c")
+
+
+def test_7_6_the_runs_are_what_diagnose_says_and_the_table_shows_where_each_began():
+    from mplab.diagnosis import diagnose
+
+    runs = ex.origin_runs()
+    assert {k: diagnose(r).cause for k, r in runs.items()} == ex.ORIGINS
+    table = {r["run"]: r for r in ex.origin_records().rows}
+    assert table["W"]["first seen at"].endswith("the loss")
+    assert table["W"]["loss dtype"] == "float16" and table["W"]["module outputs finite"] == "yes"
+    assert table["X"]["min / max there"] == "-inf / inf"
+    assert table["Y"]["first seen at"].endswith("after optimizer.step()")
+    assert table["Y"]["optimizer states"] == "float16"
+    low, high = table["Z"]["min / max there"].split(" / ")
+    assert low == "-inf" and 0 < float(high) < 1  # a constant beside small values
+    # the loops and the table say nothing of the cause
+    for loop in ex.ORIGIN_LOOPS.values():
+        assert not any(name in loop for name in ex.CAUSES)
+    assert all(loop in ex.EXERCISES["7.6"].prompt for loop in ex.ORIGIN_LOOPS.values())
+    assert not any(name in str(ex.origin_records()) for name in ex.CAUSES)
+
+
+def test_7_6_a_wrong_reading_is_told_where_to_look_never_the_answer():
+    swapped = ex.ORIGINS | {"X": "fill_out_of_range", "Z": "fp16_overflow"}
+    said = message("7.6", swapped)
+    assert said.startswith("2 of 4 wrong, among them run X")
+    assert not any(name in said for name in ex.CAUSES)
+    assert "one of the four causes" in message("7.6", ex.ORIGINS | {"W": "no_units"})
+    assert message("7.6", {"W": "fp16_loss"}).startswith("Name a cause for each")
+    assert ex.check("7.6", dict(ex.ORIGINS)).passed

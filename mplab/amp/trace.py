@@ -549,24 +549,34 @@ def autocast_policy(precision="bf16", device="auto", calls=None) -> Table:
 
 
 class MatmulDtypeProbe:
-    """The dtype a model's matmuls ran in, seen cheaply in a real run: a forward hook on its
-    first matmul layer (Linear, Conv, Hugging Face's Conv1D) reads its output's dtype on the
-    first call, then removes itself. `trace(...).matmul_dtype` sees it from every aten op."""
+    """The dtype a model's matmuls ran in, seen cheaply in a real run: a forward hook on each
+    matmul layer (Linear, Conv, Hugging Face's Conv1D) reads its output's dtype on its first
+    call, then removes itself. The low-precision dtype most layers ran in, where any did: a
+    layer kept in fp32 on purpose (a custom Function with `custom_fwd(cast_inputs=float32)`,
+    an fp32 island) does not make the run's matmuls fp32. `trace(...).matmul_dtype` sees it
+    from every aten op."""
 
     def __init__(self, model: torch.nn.Module):
-        self.dtype: torch.dtype | None = None
-        layer = next((m for m in model.modules() if _is_matmul_layer(m)), None)
-        self._hook = layer.register_forward_hook(self._seen) if layer is not None else None
+        self.seen: dict[torch.dtype, int] = {}
+        self._hooks = {}
+        for layer in (m for m in model.modules() if _is_matmul_layer(m)):
+            self._hooks[id(layer)] = layer.register_forward_hook(self._seen)
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        low = {d: n for d, n in self.seen.items() if d in _LOW}
+        counts = low or self.seen
+        return max(counts, key=counts.get) if counts else None
 
     def _seen(self, module, args, output):
         if isinstance(output, torch.Tensor):
-            self.dtype = output.dtype
-        self.remove()
+            self.seen[output.dtype] = self.seen.get(output.dtype, 0) + 1
+        self._hooks.pop(id(module)).remove()
 
     def remove(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for hook in self._hooks.values():
+            hook.remove()
+        self._hooks = {}
 
 
 def _is_matmul_layer(module: torch.nn.Module) -> bool:

@@ -6,6 +6,11 @@
     diagnose(err)                                 # a NonFiniteLossError: the run it stopped;
                                                   # any other error a run raised: its cause
 
+A run a library trains is recorded by one line, and diagnosed as a loop of your own is:
+`Trainer(..., callbacks=[watch := Watch()])` (Hugging Face), `lightning.Trainer(...,
+callbacks=[watch := LightningWatch()])`, `watch = watch_accelerator(accelerator)` after
+`accelerator.prepare`; then `watch.diagnose()`.
+
 It reads only the record: the losses, the scale after each step, the steps the optimizer
 skipped, the gradient norms, what the hooks saw (gradient entries that were 0, low-precision
 weights a step left unchanged, the scaler's calls per iteration), the device's units and the
@@ -31,9 +36,10 @@ from .crashes import CRASH_CHECKS, diagnose_crash
 from .findings import CAUSES, SEVERITIES, Diagnosis, Finding, emits
 from .runs import RUN_CHECKS, diagnose_run
 
-# lab (the failure lab) is imported on first use: it trains; Watch too: it imports transformers
+# lab (the failure lab) is imported on first use: it trains; the watches too: each imports
+# its library (transformers, lightning, accelerate)
 __all__ = ["diagnose", "Diagnosis", "Finding", "CAUSES", "SEVERITIES", "emits", "RUN_CHECKS",
-           "BENCH_CHECKS", "CRASH_CHECKS", "lab", "Watch"]
+           "BENCH_CHECKS", "CRASH_CHECKS", "lab", "Watch", "LightningWatch", "watch_accelerator"]
 
 
 def __getattr__(name: str):
@@ -41,6 +47,14 @@ def __getattr__(name: str):
         from .attach import Watch
 
         return Watch
+    if name == "LightningWatch":
+        from .attach_lightning import LightningWatch
+
+        return LightningWatch
+    if name == "watch_accelerator":
+        from .attach_accelerate import watch_accelerator
+
+        return watch_accelerator
     raise AttributeError(f"module 'mplab.diagnosis' has no attribute {name!r}")
 
 
@@ -70,7 +84,8 @@ def _load(result) -> TrainResult:
         try:
             result = json.loads(path.read_text())
         except json.JSONDecodeError as err:
-            raise ValueError(f"{str(path)!r} is not JSON ({err})") from err
+            raise ValueError(f"{str(path)!r} is not JSON ({err}): a record cut short while "
+                             "it was written? Record the run again") from err
     if isinstance(result, dict):
         if "rows" in result and "losses" not in result:
             if not isinstance(result.get("crossover"), list):

@@ -22,6 +22,14 @@ CAUSES = {
     "no_scaler": "fp16 without a GradScaler: gradients underflow to 0",
     "fp8_grad_scale": "fp8 gradients cast at a scale that does not fit them: flushed to 0 "
                       "or saturated",
+    "fp8_zero_amax": "an fp8 scale taken from an amax of 0: inf or huge, and NaN where it meets "
+                     "0 or inf",
+    "fp16_loss": "the loss was computed in fp16: it overflowed (or a log met a 0) where fp32 "
+                 "would not",
+    "eps_underflow": "an eps too small for the format rounded to 0: a norm or Adam divided by 0",
+    "step_overflow": "the optimizer step made the weights inf/NaN from finite gradients",
+    "stale_grads": "gradients never zeroed: each step adds the last ones again",
+    "scale_stuck": "the loss scale stuck below 1: a backward overflows fp16 at any scale",
     "fp16_ignored": "fp16 was asked for but silently ignored",
     "autocast_off": "autocast was off, or not around the forward pass: an fp32 run",
     "no_units": "low precision on a CPU without units for it: slow",

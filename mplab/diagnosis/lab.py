@@ -30,6 +30,17 @@ from mplab.diagnosis.lab_crashes import (
     fp16_weights_scaled,
     scaler_called_twice,
 )
+from mplab.diagnosis.lab_fp8 import fp8_zero_amax
+from mplab.diagnosis.lab_numerics import (
+    Fp16Backward,
+    MaskedHead,
+    adam_eps,
+    adam_eps_zero,
+    fp16_loss,
+    masked_entropy,
+    scale_stuck,
+    stale_grads,
+)
 from mplab.diagnosis.lab_runs import (
     BATCH,
     BF16_FIX_BYTES,
@@ -69,7 +80,8 @@ __all__ = ["CannotReproduce", "LAB_SHAPE", "BATCH", "LAB_PRETRAINED", "LR", "lab
            "accumulation_error", "fp16_ignored", "no_units", "scaler_bypassed", "diverged",
            "autocast_off", "scaler_with_bf16", "frequent_skips", "stalled", "fp8_grad_scale",
            "pure_bf16", "BF16_FIX_BYTES", "compare_bf16_fixes", "Failure", "FAILURES", "run",
-           "CRASHES"]
+           "CRASHES", "fp16_loss", "adam_eps", "stale_grads", "scale_stuck",
+           "Fp16Backward", "adam_eps_zero", "MaskedHead", "masked_entropy", "fp8_zero_amax"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +161,20 @@ FAILURES = {f.name: f for f in [
     Failure("stalled", "the loss stays where it started", ("higher_lr",), stalled),
     Failure("fp8_grad_scale", "fp8 gradients almost all exactly 0; the loss falls late",
             ("scaled_e5m2",), fp8_grad_scale),
+    Failure("fp16_loss", "the loss is NaN at every step; the model's outputs are finite",
+            ("fp32_loss",), fp16_loss, (("fp32_loss", "scale_calibrating"),)),
+    Failure("eps_underflow", "a model loaded in fp16 gives NaN right after its first Adam "
+            "step", ("fp32_master", "eps"), adam_eps),
+    Failure("step_overflow", "the loss is fine at step 1, NaN from step 2 on; no forward "
+            "overflowed", ("default_eps",), adam_eps_zero),
+    Failure("fill_out_of_range", "the loss is NaN at every step; one module's output holds "
+            "-inf and nothing else large", ("finfo_min",), masked_entropy),
+    Failure("fp8_zero_amax", "fp8 training is NaN from the second step; the first was fine",
+            ("amax_floor", "torchao"), fp8_zero_amax),
+    Failure("stale_grads", "the loss falls oddly fast, then swings", ("zero_grad",),
+            stale_grads),
+    Failure("scale_stuck", "the loss barely moves; the scale sits below 1", ("fp32_backward",),
+            scale_stuck),
 ]}
 
 #: Failures whose broken run raises: `CRASHES[name].run()` raises the error people report

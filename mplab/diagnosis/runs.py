@@ -9,19 +9,27 @@ import statistics
 
 import torch
 
-from mplab.numerics.formats import dtype_name, get_format
+from mplab.numerics.formats import dtype_name
 from mplab.train.result import OWN_LOOP, TrainResult
 
 from .findings import SEVERITIES, Diagnosis, Finding, emits
+from .fp8 import FP8_CHECKS, fp8_made_nan
+from .origins import ORIGIN_CAUSES, crossed_words, origin, scale_stuck, stale_grads
+from .reading import fallback, finite, loss_drop, loss_words, median, setting, trailing_skips
 
 __all__ = ["diagnose_run", "RUN_CHECKS"]
 
 
 def diagnose_run(result: TrainResult) -> Diagnosis:
     """Every check of a training record, worst first (see mplab.diagnosis)."""
-    findings = []
+    findings: list[Finding] = []
     for check in _CHECKS:
-        findings += check(result)
+        for found in check(result):
+            same = next((f for f in findings if f.name == found.name), None)
+            if same is None:
+                findings.append(found)
+            else:  # two checks saw the same cause: one finding, with both's evidence
+                same.evidence += [e for e in found.evidence if e not in same.evidence]
     if not any(f.severity == "broken" for f in findings):
         findings += _stalled(result)
     order = {s: i for i, s in enumerate(SEVERITIES)}
@@ -37,56 +45,6 @@ def diagnose_run(result: TrainResult) -> Diagnosis:
     return Diagnosis(run, findings)
 
 
-def _finite(values) -> list[float]:
-    return [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-
-
-def _median(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def _drop(losses: list[float]) -> float | None:
-    """How much the loss fell, relative: mean of the first quarter (up to 10) against the
-    last; None with under 8 finite losses."""
-    losses = _finite(losses)
-    if len(losses) < 8:
-        return None
-    k = max(2, min(10, len(losses) // 4))
-    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-    return (first - last) / first if first else None
-
-
-def _loss_words(result: TrainResult) -> str:
-    losses = _finite(result.losses)
-    drop = _drop(result.losses)
-    if drop is None:
-        return ""
-    k = max(2, min(10, len(losses) // 4))
-    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-    moved = f"fell by {drop:.1%}" if drop >= 0 else f"rose by {-drop:.1%}"
-    return (f"over {len(losses)} steps the loss {moved}: {first:.4f} on average over the first "
-            f"{k} steps, {last:.4f} over the last {k}")
-
-
-def _trailing_skips(result: TrainResult) -> int:
-    skipped, n, count = set(result.skipped_steps), len(result.losses), 0
-    while n - count >= 1 and (n - count) in skipped:
-        count += 1
-    return count
-
-
-def _setting(result: TrainResult, name: str, default: float) -> float:
-    value = result.config.get(name, default)
-    return value if isinstance(value, (int, float)) else default
-
-
-def _fallback(result: TrainResult, *codes: str) -> str | None:
-    """The text of the audit's first fallback with one of `codes`, or None."""
-    found = result.audit.fallbacks if result.audit is not None else []
-    return next((f.text for f in found if f.code in codes), None)
-
-
 def _bypassed(r: TrainResult) -> list[tuple[int, dict]]:
     """(iteration, calls) where the loss was scaled but scaler.step() never ran."""
     return [(i + 1, c) for i, c in enumerate(r.scaler_calls)
@@ -95,12 +53,15 @@ def _bypassed(r: TrainResult) -> list[tuple[int, dict]]:
 
 # ---- the checks, in order of harm -------------------------------------------------------------
 
-@emits("fp16_overflow", "diverged")
+@emits("fp16_overflow", "diverged", *ORIGIN_CAUSES)
 def _non_finite(r: TrainResult) -> list[Finding]:
     bad = [i + 1 for i, v in enumerate(r.losses) if not math.isfinite(v)]
     stopped = r.stop_reason == "non_finite_loss"
-    if not bad and not stopped or _bypassed(r):  # a bypassed scaler is its own cause
+    if not bad and not stopped or _bypassed(r) or fp8_made_nan(r):  # each its own cause
         return []
+    began = origin(r)  # where the first inf/NaN began, if the layers' watch saw it
+    if began is not None:
+        return began
     step = bad[0] if bad else len(r.losses) + 1
     evidence = [f"step {step}: the loss is not finite"
                 + (f" (and {len(bad) - 1} more steps after)" if len(bad) > 1 else "")
@@ -109,14 +70,14 @@ def _non_finite(r: TrainResult) -> list[Finding]:
                    else ": the very first loss, before any update")]
     fp16 = r.precision == "fp16" and r.compute_dtype in (None, torch.float16)
     if not fp16:
-        finite = _finite(r.losses)
-        if finite:
-            evidence.append(f"the loss rose from {min(finite):.4g} to {max(finite[-5:]):.4g} "
+        seen = finite(r.losses)
+        if seen:
+            evidence.append(f"the loss rose from {min(seen):.4g} to {max(seen[-5:]):.4g} "
                             "before it broke")
         lr = r.config.get("lr")
         return [Finding("diverged", "broken",
                         f"in {r.precision} the range is fp32's, so a non-finite loss means the "
-                        "weights themselves diverged", evidence,
+                        "weights themselves diverged", evidence + crossed_words(r),
                         f"lower the learning rate{f' (lr={lr:g})' if lr else ''} or clip "
                         "gradients (max_grad_norm)")]
     if r.scales:
@@ -148,13 +109,23 @@ def _scaler_bypass(r: TrainResult) -> list[Finding]:
                 f"unscale_ {c.get('unscale_', 0)}×, step {c.get('step', 0)}×, update "
                 f"{c.get('update', 0)}×): nothing divided the gradients by the scale again"]
     bad = [i + 1 for i, v in enumerate(r.losses) if not math.isfinite(v)]
+    # Adam divides by the gradient's own running size, so the scale cancels from its update
+    adam = str(r.config.get("optimizer") or "").endswith(("Adam", "AdamW", "Adamax"))
+    if adam:
+        cause = (f"optimizer.step() ran on the scaled gradients: {r.config['optimizer']} "
+                 "divides each update by the gradient's own running size, so the scale "
+                 "cancelled and the updates looked normal, but steps whose gradients "
+                 "overflowed were not skipped: their inf/NaN went into its moments and the "
+                 "weights")
+    else:
+        cause = ("optimizer.step() ran on the scaled gradients: every update was the scale "
+                 "times too large, and steps with inf/NaN gradients were not skipped")
     if bad:
-        evidence.append(f"step {bad[0]}: the loss is not finite; the optimizer took steps "
-                        f"{times} too large, and an inf gradient was never skipped")
-    return [Finding("scaler_bypassed", "broken",
-                    "optimizer.step() ran on the scaled gradients: every update was the scale "
-                    "times too large, and steps with inf/NaN gradients were not skipped",
-                    evidence,
+        evidence.append(f"step {bad[0]}: the loss is not finite; " + (
+            "an overflowed gradient reached the weights unskipped" if adam else
+            f"the optimizer took steps {times} too large, and an inf gradient was never "
+            "skipped"))
+    return [Finding("scaler_bypassed", "broken", cause, evidence,
                     "after scaler.scale(loss).backward(), step through the scaler: "
                     "scaler.step(optimizer) (it unscales, and skips a step with inf/NaN), then "
                     "scaler.update(); never optimizer.step() directly")]
@@ -175,19 +146,19 @@ def _rising(r: TrainResult) -> list[Finding]:
                     "the loss climbed instead of falling: the updates are too large for the "
                     "model, whatever the precision",
                     [f"the loss went from {losses[0]:.4g} at step 1 to {later:.4g} (the median "
-                     f"of the last {k} steps)"],
+                     f"of the last {k} steps)"] + crossed_words(r),
                     f"lower the learning rate{f' (lr={lr:g})' if lr else ''}, use a warm-up, "
                     "or clip gradients (max_grad_norm)")]
 
 
 @emits("scale_collapse")
 def _scale_collapse(r: TrainResult) -> list[Finding]:
-    tail = _trailing_skips(r)
+    tail = trailing_skips(r)
     if not r.scales or tail < 8 or r.scales[-1] >= 1:
         return []
     start = len(r.losses) - tail + 1
     last = r.scales[-1]
-    backoff = _setting(r, "backoff_factor", 0.5)
+    backoff = setting(r, "backoff_factor", 0.5)
     evidence = [f"the last {tail} steps (from step {start}) were all skipped: the weights have "
                 "not changed since",
                 f"the scale fell to {last:.3g} (from {max(r.scales):.6g})"]
@@ -198,9 +169,9 @@ def _scale_collapse(r: TrainResult) -> list[Finding]:
                         "has no lower bound (pytorch issue #99640)")
     elif last == 0:
         evidence.append("the scale is 0: every scaled gradient is 0, or NaN where 0 × inf")
-    finite = _finite(r.losses[start - 1:])
-    if finite:
-        evidence.append(f"the loss stayed finite ({finite[-1]:.4f}): the forward pass is fine; "
+    seen = finite(r.losses[start - 1:])
+    if seen:
+        evidence.append(f"the loss stayed finite ({seen[-1]:.4f}): the forward pass is fine; "
                         "the gradients are inf/NaN at any scale, so no scale can fix them")
     return [Finding("scale_collapse", "broken",
                     "the gradients were non-finite at every step, whatever the scale, so the "
@@ -255,8 +226,8 @@ def _scaler_calls(r: TrainResult) -> list[Finding]:
 
 
 def _scale_jumps(r: TrainResult) -> list[str]:
-    backoff = _setting(r, "backoff_factor", 0.5)
-    growth = _setting(r, "growth_factor", 2.0)
+    backoff = setting(r, "backoff_factor", 0.5)
+    growth = setting(r, "growth_factor", 2.0)
     for i in range(1, len(r.scales)):
         before, after = r.scales[i - 1], r.scales[i]
         if before <= 0 or after <= 0:
@@ -289,7 +260,7 @@ def _clip_before_unscale(r: TrainResult) -> list[Finding]:
         evidence.append(f"so clip_grad_norm_(max_norm={max_norm:g}) cut every step: after "
                         f"unscaling, the update used gradients of norm about "
                         f"{max_norm / scale:.2g} instead of {per_scale:.3g}")
-    words = _loss_words(r)
+    words = loss_words(r)
     return [Finding("clip_before_unscale", "broken",
                     "clip_grad_norm_ ran on the scaled gradients: the threshold was compared "
                     "with the gradients times the scale, so every step was clipped far below "
@@ -306,13 +277,13 @@ def _no_scaler(r: TrainResult) -> list[Finding]:
         return []
     if r.compute_dtype is None and r.audit is not None and r.audit.compute_dtype is None:
         return []
-    zeros = _median(r.zero_grad_fractions)
+    zeros = median(r.zero_grad_fractions)
     evidence = []
     if zeros is not None:
         evidence.append(f"in a typical step {zeros:.1%} of the gradient entries were exactly 0 "
                         "(fp16 flushes anything below 2^-24 ≈ 6e-8 to 0); an fp32 run has "
                         "almost none outside the embedding tables")
-    words = _loss_words(r)
+    words = loss_words(r)
     if words:
         evidence.append(words)
     broken = zeros is not None and zeros > 0.05
@@ -326,63 +297,17 @@ def _no_scaler(r: TrainResult) -> list[Finding]:
                     "`scaler.update()`; or train in bf16, whose range needs no scaling")]
 
 
-@emits("fp8_grad_scale")
-def _fp8_grads(r: TrainResult) -> list[Finding]:
-    """What mplab.train.fp8's casts recorded per step (config["fp8"]): most output-gradient
-    values flushed to 0, or some past the format's largest. Scaled from each tensor's amax, a
-    cast saturates nothing and flushes only values far below the amax (padding's, on the
-    lesson model: about 14 % of them; the unscaled e4m3 recipe flushes 99 %)."""
-    fp8 = r.config.get("fp8")
-    if not isinstance(fp8, dict):
-        return []
-    flushed = _median(fp8.get("grad_flushed", [])) or 0.0
-    saturated = _median(fp8.get("grad_saturated", [])) or 0.0
-    fmt, low, high = str(fp8.get("grad_format")), flushed > 0.5, saturated >= 1e-4
-    if not (low or high):
-        return []
-    evidence, fixes, lost = [], [], []
-    if low:
-        lost.append("below its smallest value, so they became 0")
-        zeros = _median(r.zero_grad_fractions)
-        evidence.append(f"in a typical step the cast flushed {flushed:.1%} of the output "
-                        f"gradients' nonzero values to 0" + (f", and {zeros:.1%} of the gradient "
-                        "entries were exactly 0 when the optimizer stepped" if zeros else ""))
-        if fp8.get("grad_scaling") == "none":
-            least = float(get_format(fmt).min_subnormal)
-            evidence.append(f"they were cast to {fmt} at scale 1, and its smallest value is "
-                            f"{least:.3g}: the gradients of a loss averaged over a batch are "
-                            "mostly smaller, so the cast layers learned only from the few that "
-                            "were not; layers left in high precision (a classifier) still "
-                            "learn, so the loss falls, but later than a scaled recipe's")
-        fixes.append("scale each gradient tensor into the format's range before the cast (scale "
-                     "= max / amax, as mplab.lowbit.quantize.tensorwise and torchao's Float8Linear "
-                     "do), and cast gradients to fp8_e5m2, whose range reaches 2^-16 where "
-                     "e4m3's stops at 2^-9 (mplab.train.fp8.fp8_run('mplab'))")
-    if high:
-        lost.append("past its largest, so they were clamped")
-        evidence.append(f"in a typical step {saturated:.2%} of the output-gradient values were "
-                        f"past {fmt}'s largest value and were clamped to it")
-        fixes.append("take the scale from the step's own amax (tensorwise or rowwise), or keep "
-                     "headroom: a longer amax history and a margin (mplab.lowbit.quantize."
-                     "DelayedScaling(history_len=16, margin=1))")
-    words = _loss_words(r)
-    return [Finding("fp8_grad_scale", "broken" if low or saturated > 0.01 else "warning",
-                    f"the output gradients were cast to {fmt} at a scale that put them "
-                    + " and ".join(lost), evidence + ([words] if words else []),
-                    "; and ".join(fixes))]
-
-
 @emits("fp16_ignored", "autocast_off")
 def _ignored(r: TrainResult) -> list[Finding]:
     found = []
-    said = _fallback(r, "fp16_ignored")
+    said = fallback(r, "fp16_ignored")
     if said:
         found.append(Finding("fp16_ignored", "warning",
                              "fp16 was asked for, but it was silently ignored: this was an "
                              "fp32 run", [said],
                              "on a CPU ask for bf16 (with bf16 units) or fp32; fp16 needs a "
                              "GPU, where the same flag works"))
-    said = _fallback(r, "autocast_off", "autocast_inactive")
+    said = fallback(r, "autocast_off", "autocast_inactive")
     if said:
         found.append(Finding("autocast_off", "warning",
                              "autocast did not act on the forward pass, so the run was fp32",
@@ -422,7 +347,7 @@ def _low_weights(r: TrainResult) -> list[Finding]:
     if r.param_dtype is None or weights == "float32":
         return []
     rounding = r.config.get("rounding")
-    unchanged = _median(r.unchanged_weight_fractions)
+    unchanged = median(r.unchanged_weight_fractions)
     if rounding in ("kahan", "stochastic"):
         how = ("a Kahan compensation buffer keeps what rounding took" if rounding == "kahan"
                else "stochastic rounding keeps each update in expectation")
@@ -441,7 +366,7 @@ def _low_weights(r: TrainResult) -> list[Finding]:
     if state and state != "float32":
         evidence.append(f"the optimizer's states are {state} too: Adam's running averages "
                         "lose the small values they exist to keep")
-    words = _loss_words(r)
+    words = loss_words(r)
     if words:
         evidence.append(words)
     broken = unchanged is not None and unchanged > 0.25
@@ -459,7 +384,7 @@ def _low_weights(r: TrainResult) -> list[Finding]:
 @emits("frequent_skips", "scale_calibrating")
 def _skips(r: TrainResult) -> list[Finding]:
     skipped, n = r.skipped_steps, len(r.losses)
-    if not skipped or not r.scales or _trailing_skips(r) >= 8:
+    if not skipped or not r.scales or trailing_skips(r) >= 8:
         return []
     early = [s for s in skipped if s <= 20]
     if len(skipped) - len(early) > max(2, 0.05 * n):
@@ -479,25 +404,25 @@ def _skips(r: TrainResult) -> list[Finding]:
 
 @emits("scaler_with_bf16")
 def _bf16_scaler(r: TrainResult) -> list[Finding]:
-    said = _fallback(r, "scaler_with_bf16")
+    said = fallback(r, "scaler_with_bf16")
     return [Finding("scaler_with_bf16", "note", "bf16 needs no loss scaling", [said],
                     "drop the GradScaler for bf16")] if said else []
 
 
 @emits("stalled")
 def _stalled(r: TrainResult) -> list[Finding]:
-    drop = _drop(r.losses)  # short runs are all noise: judge 100 steps or more
-    if len(r.losses) < 100 or drop is None or drop >= 0.01 or _trailing_skips(r) >= 8:
+    drop = loss_drop(r.losses)  # short runs are all noise: judge 100 steps or more
+    if len(r.losses) < 100 or drop is None or drop >= 0.01 or trailing_skips(r) >= 8:
         return []
     return [Finding("stalled", "warning", "the loss did not fall: no precision problem was "
-                    "found to explain it", [_loss_words(r)],
+                    "found to explain it", [loss_words(r)],
                     "check the learning rate and the data; compare with an fp32 run "
                     "(TrainResult.versus)")]
 
 
 #: The checks of a training record, in order of harm; `_stalled` runs after them when none
 #: found the run broken. `_bench` reads a bench record.
-_CHECKS = (_scaler_bypass, _non_finite, _rising, _scale_collapse, _scaler_calls,
-           _clip_before_unscale, _no_scaler, _fp8_grads, _ignored, _low_weights, _skips, _no_units,
-           _bf16_scaler)
+_CHECKS = (_scaler_bypass, stale_grads, _non_finite, _rising, _scale_collapse, scale_stuck,
+           _scaler_calls, _clip_before_unscale, _no_scaler, *FP8_CHECKS, _ignored, _low_weights,
+           _skips, _no_units, _bf16_scaler)
 RUN_CHECKS = (*_CHECKS, _stalled)

@@ -17,6 +17,7 @@ import torch
 
 from mplab._display import Table
 from mplab.diagnosis import CAUSES, diagnose, lab
+from mplab.diagnosis.origins import harmful
 from mplab.exercises.answers import note, watching
 from mplab.exercises.framework import (
     Exercise,
@@ -33,7 +34,7 @@ from mplab.exercises.framework import (
 from mplab.hardware import UNITS, has_units
 
 __all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
-           "EXERCISES", "LESSON", "mystery_records"]
+           "EXERCISES", "LESSON", "mystery_records", "origin_records", "origin_runs"]
 
 # --- 7.1 why bf16 loses at the lesson size ----------------------------------------------------
 
@@ -138,6 +139,80 @@ def _check_7_4(answer) -> str | None:
     k = wrong[0]
     return (f"{len(wrong)} of 3 wrong, among them run {k}. Which column of run {k}'s row "
             "stands out against the others? Each cause leaves one figure no healthy run has.")
+
+
+# --- 7.6 where the NaN began -------------------------------------------------------------------
+
+ORIGINS = {"W": "fp16_loss", "X": "fp16_overflow", "Y": "eps_underflow", "Z": "fill_out_of_range"}
+ORIGIN_STEPS = 4  # each breaks in its first steps
+ORIGIN_SETTINGS = {"W": {"logit_scale": 100.0}}  # CLIP's largest: W breaks from step 1
+#: The loop behind each run, as the lab has it, with nothing of the cause.
+ORIGIN_LOOPS = {
+    "W": "fp16 autocast with a GradScaler; the head compares the pooled output with each "
+         "class's weight by cosine, times 100 (CLIP's largest logit scale), and the softmax and "
+         "log of the loss are written by hand after the autocast block, on its outputs as they "
+         "came out of it",
+    "X": "`mplab.train` in fp16 with a GradScaler, on a copy of the lab model whose "
+         "feed-forward output layer was scaled up (as a checkpoint pretrained in bf16 can be)",
+    "Y": "`model.half()` and `torch.optim.Adam(model.parameters(), lr=1e-3)`, no autocast, "
+         "no scaler",
+    "Z": "fp16 autocast with a GradScaler; the head adds a constant to the logits of the "
+         "classes a review may not take, and the loss has an entropy term",
+}
+
+
+@functools.cache
+def origin_runs() -> dict:
+    """7.6's four runs (TrainResults), by letter: `diagnose` each after the exercise."""
+    return {key: lab.run(name, steps=ORIGIN_STEPS, **ORIGIN_SETTINGS.get(key, {}))
+            for key, name in ORIGINS.items()}
+
+
+def _number(value) -> str:
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def origin_records() -> Table:
+    """Four runs of the failure lab that ended in NaN, by letter: where the layers' watch saw
+    the first inf/NaN (mplab.train.layers), nothing said of the cause."""
+    rows = []
+    for key, r in origin_runs().items():
+        phase, e = harmful(r)[0]  # the first that harmed the run (not a skipped step's)
+        rows.append({
+            "run": key, "first seen at": f"step {e['step']}, " + {
+                "forward": "a module's output", "loss": "the loss",
+                "backward": "a gradient", "step": "a weight, after optimizer.step()"}[phase],
+            "module (class) or weight": (f"{e['module']} ({e['kind']})" if "module" in e
+                                         else e.get("parameter", "-")),
+            "min / max there": (f"{_number(e['min'])} / {_number(e['max'])}"
+                                if "min" in e else "-"),
+            "module outputs finite": ("yes" if e.get("outputs_finite") else "no")
+            if phase == "loss" else "-",
+            "gradient there finite": "yes" if phase == "step" else "-",
+            "loss dtype": r.numerics.get("loss_dtype") or "-",
+            "optimizer states": (str(r.optimizer_state_dtype).replace("torch.", "")
+                                 if r.optimizer_state_dtype else "none yet (no step taken)"),
+        })
+    return Table(rows, title="where four broken runs first held an inf or a NaN")
+
+
+def _check_7_6(answer) -> str | None:
+    if not isinstance(answer, dict):
+        raise Incorrect(f"Give a dict from run letter to cause name, like "
+                        f"{{\"W\": \"no_units\"}}; got {type(answer).__name__}.")
+    keys = {str(k).strip().upper(): v for k, v in answer.items()}
+    if set(keys) != set(ORIGINS):
+        return f"Name a cause for each of the runs {sorted(ORIGINS)} (got {sorted(keys)})."
+    unknown = [v for v in keys.values() if v not in ORIGINS.values()]
+    if unknown:
+        return (f"{unknown[0]!r} is not one of the four causes listed in the task: "
+                + ", ".join(sorted(ORIGINS.values())) + ".")
+    wrong = [k for k in sorted(ORIGINS) if keys[k] != diagnose(origin_runs()[k]).cause]
+    if not wrong:
+        return None
+    k = wrong[0]
+    return (f"{len(wrong)} of 4 wrong, among them run {k}. Where was run {k}'s first inf/NaN "
+            "seen, and did anything finite lie near fp16's limit there before it?")
 
 
 # --- 7.5 accumulation with a scaler -----------------------------------------------------------
@@ -427,6 +502,33 @@ EXERCISES = {e.id: e for e in in_order([
             "Move everything after backward() out of the micro-batch loop.",
             "for micro in micro_batches: forward, scaler.scale(loss).backward(); then "
             "unscale_, clip, step, update, zero_grad once.",
+        )),
+    Exercise(
+        id="7.6", title="Where did the NaN begin?",
+        prompt="The table above (printed by `ex.origin_records()`) shows four runs of the lab "
+               "model that ended in NaN, W, X, Y and Z, by where the layers' watch first saw "
+               "an inf or a NaN: in a module's output (which module, and the smallest and "
+               "largest value it held there), in the loss (with every module's output "
+               "finite), or in a weight right after "
+               "`optimizer.step()` (its gradient finite). Their loops:\n\n"
+               + "\n".join(f"- {k}: {loop}" for k, loop in ORIGIN_LOOPS.items())
+               + "\n\nName the cause of each, as a dict from letter to one of:\n\n"
+               + "\n".join(f"- `{name}`: {CAUSES[name]}" for name in sorted(ORIGINS.values()))
+               + "\n\nfp16's largest value is 65504 and its smallest 2^-24 (about 6e-8). "
+               "The check runs diagnose on the same four runs.",
+        comment="the cause of each run, from where its first inf/NaN was seen",
+        body="answer = {\"W\": ..., \"X\": ..., \"Y\": ..., \"Z\": ...}  # cause names",
+        key="answer = {\"W\": \"fp16_loss\", \"X\": \"fp16_overflow\",\n"
+            "          \"Y\": \"eps_underflow\", \"Z\": \"fill_out_of_range\"}",
+        check=_check_7_6,
+        hints=(
+            "Where the first inf/NaN appears tells the mechanism: a module's forward, the loss "
+            "computed after the model, or the optimizer's own arithmetic.",
+            "An output that is inf on both sides is a value that outgrew the format; inf on one "
+            "side only, beside small finite values, is a constant added in; a loss that is the "
+            "only non-finite value and an fp16 tensor was computed in fp16; a weight that turns "
+            "inf/NaN from a finite gradient met a division in the optimizer.",
+            "Adam divides by sqrt(v) + eps, and 1e-8 rounds to 0 in fp16.",
         )),
     Exercise(
         id="7.3", title="Stochastic rounding by hand",

@@ -19,7 +19,7 @@ import dataclasses
 
 import torch
 
-from mplab.lowbit.quantize import Quantized, element_format, round_to_format, tensorwise
+from mplab.lowbit.quantize import EPS, Quantized, element_format, round_to_format, tensorwise
 
 __all__ = ["QDQRecipe", "QDQ_RECIPES", "GradCasts", "qdq_linear", "QDQLinear", "fp8_filter",
            "convert_to_qdq"]
@@ -29,14 +29,20 @@ __all__ = ["QDQRecipe", "QDQ_RECIPES", "GradCasts", "qdq_linear", "QDQLinear", "
 class QDQRecipe:
     """What `QDQLinear` casts its matmul's operands to: the input and weight to `operands`, one
     scale per tensor from its amax ("tensorwise") or none ("none": scale 1); the output
-    gradient to `grad`, scaled by `grad_scaling` the same way."""
+    gradient to `grad`, scaled by `grad_scaling` the same way. `amax_floor`: what amax is
+    clamped to before max / amax, torchao's 1e-12; 0 is the formula as papers write it, whose
+    scale for an all-zero tensor is inf (and its cast NaN: 0 * inf)."""
 
     operands: str = "fp8_e4m3"
     grad: str = "fp8_e5m2"
     operand_scaling: str = "tensorwise"
     grad_scaling: str = "tensorwise"
+    amax_floor: float = EPS
 
     def __post_init__(self):
+        floor = self.amax_floor
+        if isinstance(floor, bool) or not isinstance(floor, int | float) or not floor >= 0:
+            raise ValueError(f"amax_floor must be a number of at least 0, got {floor!r}")
         for name in ("operand_scaling", "grad_scaling"):
             if getattr(self, name) not in ("tensorwise", "none"):
                 raise ValueError(f"{name} must be 'tensorwise' or 'none', got "
@@ -53,14 +59,16 @@ QDQ_RECIPES = {
 }
 
 
-def _cast(x: torch.Tensor, precision: str, scaling: str) -> tuple[torch.Tensor, Quantized | None]:
+def _cast(x: torch.Tensor, precision: str, scaling: str,
+          floor: float = EPS) -> tuple[torch.Tensor, Quantized | None]:
     """x quantised and dequantised, and the Quantized (None for 16-bit formats, which are
     rounded with no scale: nothing to count)."""
     f = element_format(precision)
     if f.bits >= 16:
         return round_to_format(x, f), None
     # scale 1 exactly: max_finite / amax with amax = max_finite
-    q = tensorwise(x, f) if scaling == "tensorwise" else tensorwise(x, f, amax=f.max_finite)
+    q = (tensorwise(x, f, eps=floor) if scaling == "tensorwise"
+         else tensorwise(x, f, amax=f.max_finite))
     return q.dequantized, q
 
 
@@ -93,8 +101,8 @@ class _QDQMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, recipe: QDQRecipe, counter: GradCasts | None):
-        xq, _ = _cast(x, recipe.operands, recipe.operand_scaling)
-        wq, _ = _cast(weight, recipe.operands, recipe.operand_scaling)
+        xq, _ = _cast(x, recipe.operands, recipe.operand_scaling, recipe.amax_floor)
+        wq, _ = _cast(weight, recipe.operands, recipe.operand_scaling, recipe.amax_floor)
         ctx.save_for_backward(xq, wq)
         ctx.recipe, ctx.counter, ctx.has_bias = recipe, counter, bias is not None
         out = xq @ wq.t()
@@ -103,7 +111,7 @@ class _QDQMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         xq, wq = ctx.saved_tensors
-        gq, q = _cast(grad, ctx.recipe.grad, ctx.recipe.grad_scaling)
+        gq, q = _cast(grad, ctx.recipe.grad, ctx.recipe.grad_scaling, ctx.recipe.amax_floor)
         if q is not None and ctx.counter is not None:
             ctx.counter.add(q)
         grad_x = gq @ wq if ctx.needs_input_grad[0] else None
@@ -139,7 +147,8 @@ class QDQLinear(torch.nn.Linear):
     def extra_repr(self) -> str:
         r = self.recipe
         return (f"{super().extra_repr()}, operands={r.operands} ({r.operand_scaling}), "
-                f"grad={r.grad} ({r.grad_scaling})")
+                f"grad={r.grad} ({r.grad_scaling})"
+                + (f", amax_floor={r.amax_floor:g}" if r.amax_floor != EPS else ""))
 
 
 def fp8_filter(module: torch.nn.Module, fqn: str = "") -> bool:

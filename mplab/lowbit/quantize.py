@@ -266,10 +266,12 @@ class Quantized:
         return past.sum().item() / max(1, (self.source != 0).sum().item())
 
 
-def _fp8_recipe(x: torch.Tensor, amax: torch.Tensor, f: FloatFormat, power_of_2: bool):
-    """torchao's float8 cast: s = max / clamp(amax, EPS) (float64, then float32), optionally
-    rounded down to a power of two; x * s clamped to +-max and cast; dequantised as values / s."""
-    s = (float(f.max_finite) / amax.double().clamp(min=EPS)).float()
+def _fp8_recipe(x: torch.Tensor, amax: torch.Tensor, f: FloatFormat, power_of_2: bool,
+                eps: float = EPS):
+    """torchao's float8 cast: s = max / clamp(amax, eps) (float64, then float32), optionally
+    rounded down to a power of two; x * s clamped to +-max and cast; dequantised as values / s.
+    With eps 0 an amax of 0 gives s = inf, and 0 * inf = NaN: the cast without torchao's floor."""
+    s = (float(f.max_finite) / amax.double().clamp(min=eps)).float()
     if power_of_2:
         s = torch.exp2(torch.floor(torch.log2(s)))
     return (*scale_and_cast(x, s, f, s, divide=True), s)
@@ -280,19 +282,26 @@ def _finish(recipe, f, x, scaled, values, dequantized, s, block) -> Quantized:
 
 
 def tensorwise(x: torch.Tensor, precision="fp8_e4m3", *, amax=None,
-               power_of_2: bool = False) -> Quantized:
+               power_of_2: bool = False, eps: float = EPS) -> Quantized:
     """One scale for the whole tensor, from its amax (or `amax` given: a delayed or calibrated
-    one). torchao's Float8 "tensorwise" recipe."""
+    one), floored at `eps` (torchao's; 0: no floor). torchao's Float8 "tensorwise" recipe."""
     f = element_format(precision)
     x = _float_tensor(x)
     amax = abs_max(x) if amax is None else torch.as_tensor(amax, dtype=torch.float32)
-    return _finish("tensorwise", f, x, *_fp8_recipe(x, amax, f, power_of_2), tuple(x.shape))
+    return _finish("tensorwise", f, x, *_fp8_recipe(x, amax, f, power_of_2, _eps(eps)),
+                   tuple(x.shape))
+
+
+def _eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not eps >= 0:
+        raise ValueError(f"eps must be a number of at least 0, got {eps!r}")
+    return float(eps)
 
 
 def rowwise(x: torch.Tensor, precision="fp8_e4m3", *, dim: int = -1,
-            power_of_2: bool = True) -> Quantized:
+            power_of_2: bool = True, eps: float = EPS) -> Quantized:
     """One scale per slice along `dim` (a row of a (M, K) input for dim=-1), rounded down to a
-    power of two, as torchao's "rowwise" recipe does."""
+    power of two, as torchao's "rowwise" recipe does; each amax floored at `eps`."""
     f = element_format(precision)
     x = _float_tensor(x)
     if x.dim() < 1:
@@ -300,8 +309,8 @@ def rowwise(x: torch.Tensor, precision="fp8_e4m3", *, dim: int = -1,
     amax = abs_max(x, dim)
     block = [1] * x.dim()
     block[dim] = x.shape[dim]
-    return _finish(f"rowwise (dim {dim})", f, x, *_fp8_recipe(x, amax, f, power_of_2),
-                   tuple(block))
+    return _finish(f"rowwise (dim {dim})", f, x,
+                   *_fp8_recipe(x, amax, f, power_of_2, _eps(eps)), tuple(block))
 
 
 def blockwise(x: torch.Tensor, block=(1, 128), precision="fp8_e4m3") -> Quantized:

@@ -6,7 +6,8 @@
 
 `formats`: each format's colour, a figure of the lessons' size, the spacing of a format's
 numbers (lesson 1); `casts`: what a cast does to a tensor's values (lesson 2); `training`: a
-loss scaler's run, training losses, what a library takes over (lessons 3-6, 9). Every name is
+loss scaler's run, training losses, what a library takes over, each layer's numbers over the
+steps (lessons 3-7, 9). Every name is
 re-exported here.
 """
 
@@ -28,6 +29,7 @@ from mplab.plots.formats import (
 )
 from mplab.plots.training import (
     LossCurveWarning,
+    layers_plot,
     learned_share,
     loss_curves_plot,
     paths_chart,
@@ -37,5 +39,6 @@ from mplab.plots.training import (
 
 __all__ = ["formats", "casts", "training", "BAND_COLORS", "exponent_histogram_plot",
            "scale_sweep_plot", "swamping_plot", "FORMAT_COLORS", "MarkerPng", "closeup_range",
-           "mark_ulp", "new_figure", "ulp_plot", "ulp_steps", "LossCurveWarning", "learned_share",
+           "mark_ulp", "new_figure", "ulp_plot", "ulp_steps", "LossCurveWarning", "layers_plot",
+           "learned_share",
            "loss_curves_plot", "paths_chart", "running_mean", "scaler_timeline_plot"]

@@ -1,5 +1,6 @@
 """Figures of training: a loss scaler's run (lesson 3), training losses side by side (lessons 4
-and 9) and how much of a training loop each library takes over (lessons 5 and 6)."""
+and 9), how much of a training loop each library takes over (lessons 5 and 6) and each layer's
+numbers over the steps, against fp16's limits (lesson 7)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from matplotlib.figure import Figure
 from mplab.plots.formats import FORMAT_COLORS, new_figure
 
 __all__ = ["scaler_timeline_plot", "loss_curves_plot", "learned_share", "running_mean",
-           "LossCurveWarning", "paths_chart"]
+           "LossCurveWarning", "paths_chart", "layers_plot"]
 
 
 def scaler_timeline_plot(history, ax=None, *, init_scale=None, pyplot: bool = True) -> Figure:
@@ -213,4 +214,66 @@ def paths_chart(profiles, ax=None, *, pyplot: bool = True) -> Figure:
     ax.set_ylabel("ability to customise ↑  (steps you write)")
     ax.set_title("The ways to train, measured from the code that runs", fontsize=10)
     ax.grid(True, alpha=0.25)
+    return ax.figure
+
+
+# a field's limits in fp16: what its curve is read against (mplab.train.layers.LAYER_FIELDS)
+_FP16_LINES = {"amax": [(65504.0, "fp16's largest, 65504")],
+               "amin": [(2.0 ** -14, "fp16's smallest normal, 2^-14"),
+                        (2.0 ** -24, "fp16's smallest, 2^-24: below, 0")]}
+
+
+def layers_plot(result, field: str = "amax", phase: str = "forward", modules=None, *,
+                top: int = 6, ax=None, pyplot: bool = True) -> Figure:
+    """One run's layers over its steps (what `mplab.train.layers` sampled into
+    `result.numerics["layers"]`): `field` of each module's forward output or, with
+    `phase="backward"`, of the gradient reaching it, against fp16's limits. `modules`: the
+    names to draw; by default the `top` whose `field` rose highest (for "amin", sank lowest),
+    the layers nearest the limits. The step where the first inf/NaN began is marked. Returns
+    the figure."""
+    numerics = getattr(result, "numerics", None)
+    rows = (numerics or {}).get("layers") if isinstance(numerics, dict) else None
+    if not rows:
+        raise ValueError("layers_plot draws a run recorded with mplab's layer watch (a "
+                         "TrainResult from mplab.train or a Recorder, with numerics['layers']); "
+                         "this one has none")
+    fields = [k for k in rows[0] if k not in ("step", "module", "phase", "dtype")]
+    if field not in fields or phase not in ("forward", "backward"):
+        raise ValueError(f"layers_plot(field={field!r}, phase={phase!r}): fields are "
+                         f"{', '.join(fields)}; phase 'forward' or 'backward'")
+    series: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        if row["phase"] == phase and isinstance(row.get(field), (int, float)):
+            series.setdefault(row["module"], []).append((row["step"], row[field]))
+    if modules is None:
+        def extreme(name):
+            values = [v for _, v in series[name] if math.isfinite(v)] or [0.0]
+            return -min(values) if field == "amin" else max(values)
+        modules = sorted(series, key=extreme, reverse=True)[:top]
+    missing = [m for m in modules if m not in series]
+    if missing:
+        raise ValueError(f"no {phase} rows for {missing}; the run has {', '.join(series)}")
+    if ax is None:
+        fig = new_figure((6.5, 3.4), pyplot)
+        ax = fig.subplots()
+        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.88)
+    shares = field not in ("amax", "amin")
+    for i, name in enumerate(modules):
+        steps, values = zip(*series[name])
+        shown = [v * 100 if shares else (v if v > 0 else math.nan) for v in values]
+        ax.plot(steps, shown, marker="o", ms=3, lw=1.5, ls=("-", "--", ":", "-.")[i % 4],
+                color=f"C{i}", label=name)
+    for value, label in ([] if shares else _FP16_LINES.get(field, [])):
+        ax.axhline(value, color=FORMAT_COLORS["fp16"], lw=1, ls=":", label=label)
+    began = ((numerics.get("first") or {}).get(phase) or {}).get("step")
+    if began:
+        ax.axvline(began, color="#b00020", lw=1, ls="--", label=f"first inf/NaN: step {began}")
+    if not shares:
+        ax.set_yscale("log")
+    what = "output" if phase == "forward" else "output's gradient"
+    ax.set_ylabel(f"{field} (%)" if shares else f"{field} of the {what}")
+    ax.set_xlabel("optimizer step (sampled)")
+    ax.set_title(f"Each layer's {what}: {field}, every {numerics.get('every', '?')} steps",
+                 fontsize=10)
+    ax.legend(fontsize=7, loc="best")
     return ax.figure

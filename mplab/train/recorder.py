@@ -66,6 +66,7 @@ class Recorder:
         device = next(model.parameters()).device
         config = {"precision": precision, "max_grad_norm": max_grad_norm,
                   "optimizer": type(inner).__name__, "lr": inner.param_groups[0].get("lr"),
+                  "eps": inner.param_groups[0].get("eps"),
                   "rounding": getattr(optimizer, "rounding", None),
                   "scaler": type(scaler).__module__.split(".")[0] if scaler is not None else None}
         if scaler is not None and scaler.is_enabled():
@@ -79,7 +80,8 @@ class Recorder:
             config=config, has_units=has_units(precision) if device.type == "cpu" else None)
         self._stepped = StepCounter(inner)
         self.log = StepLog(self.result, model, optimizer,
-                           scaler_calls=ScalerCalls(scaler) if scaler is not None else None)
+                           scaler_calls=ScalerCalls(scaler) if scaler is not None else None,
+                           zeros=True if not self._told else None)  # fp16 may be learned
         self._started = self._tick = time.perf_counter()
 
     def step(self, loss, *, grad_norm=None) -> None:
@@ -91,7 +93,8 @@ class Recorder:
         scaled = self.scaler is not None and self.scaler.is_enabled()
         self.log.step(value, seconds, skipped=not self._stepped.stepped(),
                       scale=float(self.scaler.get_scale()) if scaled else None,
-                      grad_norm=grad_norm)
+                      grad_norm=grad_norm,
+                      loss_dtype=loss.dtype if isinstance(loss, torch.Tensor) else None)
         self.result.steps = len(self.result.losses)
 
     def finish(self) -> TrainResult:
@@ -100,6 +103,8 @@ class Recorder:
         self.log.observed()
         if not self._told and result.compute_dtype in (torch.float16, torch.bfloat16):
             self._learn_precision(get_format(result.compute_dtype).name)
+        if not self._told and result.precision != "fp16":
+            result.zero_grad_fractions = []  # counted in case it was fp16: it was not
         result.seconds = result.train_seconds = time.perf_counter() - self._started
         found = self.log.audit(inner_optimizer(self.optimizer), scaler=self.scaler,
                                autocast=self.autocast, accelerator=self.accelerator)

@@ -8,6 +8,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
@@ -19,6 +20,10 @@ from mplab.numerics.formats import dtype_from_name, dtype_name
 __all__ = ["OWN_LOOP", "STOP_REASONS", "TrainResult", "loss_overlaps", "StepTimeNoise",
            "step_time_noise", "AccuracyRise", "accuracy_rise"]
 
+try:
+    MPLAB_VERSION = version("mplab")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    MPLAB_VERSION = "unknown"
 #: `TrainResult.path` of a loop of one's own, recorded by `Recorder` (not one of mplab's paths).
 OWN_LOOP = "own loop"
 #: Why a run stopped early (`TrainResult.stop_reason`): the code, and what it means.
@@ -62,6 +67,9 @@ class TrainResult:
       held after the first step (`ranks.held_bytes`: weights, gradients, optimizer states), its
       parameters' local shapes and dtypes, and the collectives that step sent (op, dtype,
       calls, bytes): plain data, the same in the JSON.
+    - `numerics`: where the first inf/NaN of each kind was seen (which module's output, the
+      loss, which gradient, which weight after the optimizer step), gradients found never
+      zeroed, and each layer's numbers every few steps (mplab.train.layers, for diagnose).
     - `stopped`: None for a run that finished, else why it stopped early, in words;
       `stop_reason` the same as a code (a key of `STOP_REASONS`).
     """
@@ -103,8 +111,10 @@ class TrainResult:
     warnings: list[str] = field(default_factory=list)
     device_name: str = ""
     torch_version: str = torch.__version__
+    mplab_version: str = MPLAB_VERSION
     config: dict = field(default_factory=dict)
     ranks: list[dict] = field(default_factory=list)
+    numerics: dict = field(default_factory=dict)
     audit: Audit | None = None
 
     def as_dict(self) -> dict:
@@ -118,14 +128,29 @@ class TrainResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainResult:
-        """The record back from `as_dict()` (or a `--json` file)."""
+        """The record back from `as_dict()` (or a `--json` file). A record this version cannot
+        read (a field missing or of another type: half-written, or from another mplab) raises
+        a ValueError that names the field, and the mplab that wrote it."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a training record is a dict (as_dict()), got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         data = _from_json_safe({k: v for k, v in data.items() if k in known})
-        for key in DTYPE_FIELDS:
-            data[key] = dtype_from_name(data.get(key))
-        data["audit"] = Audit.from_dict(data["audit"]) if data.get("audit") else None
-        data["eval_history"] = [tuple(pair) for pair in data.get("eval_history", [])]
-        return cls(**data)
+        problem = _unreadable(data)
+        try:
+            if problem is None:
+                for key in DTYPE_FIELDS:
+                    data[key] = dtype_from_name(data.get(key))
+                data["audit"] = Audit.from_dict(data["audit"]) if data.get("audit") else None
+                data["eval_history"] = [tuple(pair) for pair in data.get("eval_history", [])]
+                return cls(**data)
+        except (TypeError, ValueError, KeyError, AttributeError) as err:
+            problem = f"{type(err).__name__}: {err}"
+        wrote = data.get("mplab_version")
+        raise ValueError(
+            f"mplab {MPLAB_VERSION} cannot read this training record: {problem}; "
+            + (f"it was written by mplab {wrote}: read it with that version, or record the run "
+               "again" if wrote and wrote != MPLAB_VERSION else
+               "is it whole? (a run that was stopped while writing it leaves it cut short)"))
 
     def write_json(self, file: str | Path) -> None:
         Path(file).write_text(json.dumps(self.as_dict(), indent=1, allow_nan=False) + "\n")
@@ -219,6 +244,35 @@ def _json_safe(value):
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     return value
+
+
+_NUMBER_LISTS = ("losses", "scales", "grad_norms", "step_seconds")
+_FIRST_KEYS = {"forward": ("step", "module", "kind", "dtype", "min", "max"), "loss": ("step",),
+               "backward": ("step", "module", "kind", "dtype", "min", "max"),
+               "step": ("step", "parameter", "grad_amax", "weight_amax_before")}
+
+
+def _unreadable(data: dict) -> str | None:
+    """What makes `data` no record this version can read, in words; None if it can."""
+    missing = [k for k in ("path", "precision", "device", "model") if k not in data]
+    if missing:
+        return f"no {', '.join(map(repr, missing))}"
+    for key in _NUMBER_LISTS:
+        values = data.get(key, [])
+        if not isinstance(values, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            return f"{key!r} must be a list of numbers"
+    if not all(isinstance(s, int) for s in data.get("skipped_steps", [])):
+        return "'skipped_steps' must be a list of step numbers"
+    for key in ("config", "numerics"):
+        if not isinstance(data.get(key, {}), dict):
+            return f"{key!r} must be a dict"
+    first = data.get("numerics", {}).get("first", {})
+    for phase, entry in (first.items() if isinstance(first, dict) else [("first", None)]):
+        keys = _FIRST_KEYS.get(phase)
+        if keys is None or not isinstance(entry, dict) or any(k not in entry for k in keys):
+            return f"numerics['first'][{phase!r}] is not what this version records"
+    return None
 
 
 def _from_json_safe(value):

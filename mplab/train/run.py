@@ -295,6 +295,7 @@ class Run:
             result.stopped = non_finite_message(self.step + 1, value, self.config.precision,
                                                 self.config.lr, result.losses)
             result.stop_reason = "non_finite_loss"
+            self.log.stopped(value)
             self._figures()
             raise NonFiniteLossError(result.stopped, result)
         return value

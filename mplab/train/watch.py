@@ -25,6 +25,8 @@ import torch
 
 from mplab.amp.audit import Audit, Observer, audit
 
+from .fp8_watch import FP8Watch
+from .layers import LayerWatch, inner_optimizer, local_shard
 from .result import TrainResult
 
 __all__ = ["LOW_PRECISION", "SCALER_METHODS", "inner_optimizer", "local_shard", "StepCounter",
@@ -32,19 +34,6 @@ __all__ = ["LOW_PRECISION", "SCALER_METHODS", "inner_optimizer", "local_shard", 
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 SCALER_METHODS = ("scale", "unscale_", "step", "update")
-
-
-def inner_optimizer(optimizer):
-    """The torch optimizer inside Accelerate's or mplab.numerics.bf16_updates's wrapper (hooks
-    go on it)."""
-    while hasattr(optimizer, "optimizer"):  # AcceleratedOptimizer subclasses Optimizer too
-        optimizer = optimizer.optimizer
-    return optimizer
-
-
-def local_shard(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a DTensor (FSDP2's parameters and gradients); a tensor itself."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 class StepCounter:
@@ -149,30 +138,43 @@ class StepLog:
     they are low precision, and the scaler's calls where they are counted.
 
     It watches `model` (the dtypes its matmuls, output and gradients ran in: `Observer`) and,
-    with `watch`, each step (`StepWatch`); `optimizer` may be given later (`watch_optimizer`).
+    with `watch`, each step (`StepWatch`), where a non-finite value began (`LayerWatch`) and,
+    where it trains through fp8 Linears, what their casts did (`FP8Watch`: config["fp8"]);
+    `optimizer` may be given later (`watch_optimizer`).
     """
 
     def __init__(self, result: TrainResult, model: torch.nn.Module, optimizer=None, *,
-                 watch: bool = True, scaler_calls: ScalerCalls | None = None):
+                 watch: bool = True, scaler_calls: ScalerCalls | None = None,
+                 zeros: bool | None = None):
         self.result, self.model, self.watching = result, model, watch
+        # count zero gradients: in fp16 runs, or (True) in one whose precision is learned later
+        self._zeros = result.precision == "fp16" if zeros is None else zeros
         self.observer = Observer(model)
         self._watch: StepWatch | None = None
         self._calls = scaler_calls
+        self.layers = LayerWatch(model) if watch else None
+        self.fp8 = FP8Watch.of(model) if watch else None  # None without fp8 Linears
         if optimizer is not None:
             self.watch_optimizer(optimizer)
 
     def watch_optimizer(self, optimizer) -> None:
         """Watch `optimizer`'s steps: the gradients' dtype, zeros (fp16) and unchanged weights."""
         self.observer.watch(inner_optimizer(optimizer))
+        if self.layers is not None:
+            self.layers.watch_optimizer(optimizer)
         if self.watching:  # underflow can only happen to fp16 gradients
-            self._watch = StepWatch(self.model, optimizer,
-                                    zeros=self.result.precision == "fp16")
+            self._watch = StepWatch(self.model, optimizer, zeros=self._zeros)
 
     def step(self, loss: float, seconds: float, *, skipped: bool = False,
-             scale: float | None = None, grad_norm=None) -> None:
+             scale: float | None = None, grad_norm=None, loss_dtype=None) -> None:
         """One optimizer step: its loss, time, whether it was skipped, the scale after it
-        (None without a scaler) and the gradient norm before clipping (None without)."""
+        (None without a scaler), the gradient norm before clipping (None without) and the
+        dtype the loss was computed in (where known)."""
         result = self.result
+        if self.layers is not None:
+            self.layers.step(result, loss, loss_dtype)
+        if self.fp8 is not None:
+            self.fp8.step(result)
         result.losses.append(loss)
         result.step_seconds.append(seconds)
         if skipped:
@@ -185,10 +187,18 @@ class StepLog:
             result.scaler_calls.append(self._calls.counts())
         if self._watch is not None:
             zeros, unchanged = self._watch.measure()
-            if result.precision == "fp16":
+            if self._zeros:
                 result.zero_grad_fractions.append(zeros)
             if unchanged is not None:
                 result.unchanged_weight_fractions.append(unchanged)
+
+    def stopped(self, loss: float) -> None:
+        """The step that stopped the run (its loss not finite) was never `step`ped: what the
+        layers' watch saw in it still goes into the record."""
+        if self.layers is not None:
+            self.layers.step(self.result, loss)
+        if self.fp8 is not None:
+            self.fp8.step(self.result)
 
     def observed(self) -> None:
         """What the hooks saw, into the record: the matmul, output and gradient dtypes."""
@@ -209,7 +219,7 @@ class StepLog:
         return found
 
     def remove(self) -> None:
-        for part in (self.observer, self._watch, self._calls):
+        for part in (self.observer, self._watch, self._calls, self.layers, self.fp8):
             if part is not None:
                 part.remove()
-        self._watch = self._calls = None
+        self._watch = self._calls = self.layers = self.fp8 = None

@@ -1,0 +1,354 @@
+"""Where a non-finite value began, and each layer's numbers over the steps: the watch that
+`mplab.diagnose` reads to tell an fp16 activation overflow from a mask constant out of range,
+an eps that rounds to 0, an optimizer step that overflowed or gradients never zeroed.
+
+Cheap enough to leave on (the spirit of transformers' `DebugUnderflowOverflow` and torch's
+`detect_anomaly`, at a fraction of their cost): per forward, one `aminmax` of each module's
+output and of the gradient that reaches it, kept on the device; per optimizer step, the
+largest |value| of every gradient before it and every weight after it; one host sync per
+step reads them all. Every `every` steps (and at step 1) the leaf modules' outputs and
+gradients are also measured against the low-precision formats: the share of values below
+fp16's and bf16's smallest normal number, past fp16's largest, and exactly 0.
+
+What keeps it cheap (benchmarks/watch_overhead.py measures it; the figures are in
+benchmarks/RECORDS.md, "watch overhead"): a tensor that several modules return (a block's
+output is its last layer's, a Dropout(0)'s its input) is measured once, with one gradient
+hook; the figures stay on the device as the 0-d tensors `aminmax` returns, stacked and read
+once per step; the sampled figures compare |x|'s float32 bits as integers into an int32
+tensor (into a bool tensor it is 4x as slow on a CPU).
+
+What it finds goes into `TrainResult.numerics` (plain data, in the JSON too):
+- "first": the first non-finite value of each kind, by where it was seen: "forward" (the
+  first module, in the order they ran, whose output held inf/NaN), "loss", "backward" (the
+  first module whose output's gradient did), "step" (a weight finite before the optimizer
+  step and inf/NaN after, its gradient finite). Each: step, module, its class, dtype, the
+  output's min and max, its largest finite |value| on the steps before, and for a norm its
+  eps and whether its input was finite.
+- "over_fp16": per module, the first step its forward output passed 65504.
+- "stale_grads": steps whose first gradient found the last step's still held (never zeroed).
+- "loss_dtype": the loss's dtype; "layers": the sampled rows; "every": how often.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import weakref
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["FP16_MAX", "LAYER_FIELDS", "LayerWatch", "inner_optimizer", "local_shard"]
+
+FP16_MAX = 65504.0
+#: The figures of each sampled row (besides step, module, phase and dtype), and what each is.
+LAYER_FIELDS = {
+    "amax": "the largest |value|",
+    "amin": "the smallest nonzero |value| (0 when all are 0)",
+    "zeros": "share of values exactly 0",
+    "fp16_subnormal": "share of nonzero values below fp16's smallest normal (2^-14): they "
+                      "lose precision in fp16, or are flushed to 0 below 2^-24",
+    "bf16_subnormal": "share of nonzero values below bf16's smallest normal (2^-126)",
+    "fp16_overflow": "share of values past fp16's largest (65504), inf and NaN included",
+}
+
+
+def inner_optimizer(optimizer):
+    """The torch optimizer inside Accelerate's or mplab.numerics.bf16_updates's wrapper (hooks
+    go on it)."""
+    while hasattr(optimizer, "optimizer"):  # AcceleratedOptimizer subclasses Optimizer too
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (FSDP2's parameters and gradients); a tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _first_float(output) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):  # most modules return one tensor
+        return output if output.is_floating_point() and output.numel() else None
+    for t in tree_flatten(output)[0]:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            return t
+    return None
+
+
+def _eps(module: torch.nn.Module) -> float | None:
+    for name in ("eps", "variance_epsilon", "epsilon"):
+        value = getattr(module, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+# |x|'s float32 bits, ordered as |x| is: 2^-126 (bf16's smallest normal), 2^-14 (fp16's) and
+# 65504 (fp16's largest); inf and NaN lie above them all.
+_BF16_NORMAL_BITS, _FP16_NORMAL_BITS, _FP16_MAX_BITS = 0x00800000, 0x38800000, 0x477FE000
+_SAMPLED = 5  # the figures `_sample` gives
+
+
+def _sample(x: torch.Tensor) -> list[torch.Tensor]:
+    """The figures of LAYER_FIELDS of one tensor besides its largest |value| (its `aminmax`
+    gives that), on its device, unread: the smallest nonzero |x| (as float32), and the counts
+    of values that are 0, below 2^-126, below 2^-14 and not past 65504 (inf and NaN are past
+    it). |x|'s float32 bits are compared as integers into an int32 tensor: a comparison into
+    a bool tensor is 4x as slow on a CPU (benchmarks/RECORDS.md, "watch pieces")."""
+    n = x.numel()
+    if x.dtype == torch.float32:
+        bits = x.detach().view(torch.int32) & 0x7FFFFFFF
+    else:  # exact for fp16 and bf16
+        bits = x.detach().float().view(torch.int32)
+        bits.bitwise_and_(0x7FFFFFFF)
+    work = torch.empty_like(bits)
+    total = torch.int32 if n < 2**31 else torch.int64
+
+    def count_below(limit: int) -> torch.Tensor:
+        return torch.lt(bits, limit, out=work).sum(dtype=total)
+
+    zeros = count_below(1)  # `work` is now 1 where x is 0: lift those past every value
+    smallest = torch.add(bits, work, alpha=0x7FFFFFFF, out=work).amin().view(torch.float32)
+    return [smallest, zeros, count_below(_BF16_NORMAL_BITS), count_below(_FP16_NORMAL_BITS),
+            count_below(_FP16_MAX_BITS + 1)]
+
+
+def _row(values: list[float], n: int) -> dict[str, float]:
+    """A sampled row's values, read, as LAYER_FIELDS (`n`: the tensor's number of values)."""
+    lo, hi, smallest, zeros, bf16, fp16, fits = values
+    return dict(zip(LAYER_FIELDS, [
+        _absmax(lo, hi),
+        smallest if math.isfinite(smallest) else 0.0,  # all 0, or only inf/NaN: 0
+        zeros / n, (fp16 - zeros) / n, (bf16 - zeros) / n, (n - fits) / n]))
+
+
+def _absmax(lo: float, hi: float) -> float:
+    """The largest |value| from (min, max) (both NaN where any value was)."""
+    return max(abs(lo), abs(hi))
+
+
+def _aminmax(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """(min, max) of each tensor (of this rank's shard), end to end, on the device."""
+    found = []
+    with torch.no_grad():
+        for t in tensors:
+            if hasattr(t, "to_local"):  # local_shard, inline: this runs for every parameter
+                t = t.to_local()
+            found += torch.aminmax(t.abs() if t.is_complex() else t)
+    return found
+
+
+def _read(scalars: list[torch.Tensor]) -> list[float]:
+    """The values of 0-d tensors, in order, as float32: one stack, one read (one host sync);
+    one of each per device where they lie on several."""
+    if not scalars:
+        return []
+    try:
+        return torch.stack(scalars, out=scalars[0].new_empty(len(scalars),
+                                                              dtype=torch.float32)).tolist()
+    except RuntimeError:
+        at: dict[torch.device, list[int]] = {}
+        for i, t in enumerate(scalars):
+            at.setdefault(t.device, []).append(i)
+        if len(at) == 1:
+            raise
+    values = [0.0] * len(scalars)  # on several devices
+    for where in at.values():
+        for i, v in zip(where, _read([scalars[i] for i in where])):
+            values[i] = v
+    return values
+
+
+class LayerWatch:
+    """Watch `model`'s modules (forward hooks, and hooks on the gradients of their outputs)
+    and, once `watch_optimizer` is called, the optimizer's steps. `step(result, loss)` ends a
+    step: it reads what was seen (one sync) into `result.numerics`."""
+
+    def __init__(self, model: torch.nn.Module, every: int = 10):
+        self.every = every
+        self.step_no = 0
+        modules = list(model.named_modules())
+        self._kind = {name: type(m).__name__ for name, m in modules}
+        self._eps = {name: e for name, m in modules if (e := _eps(m)) is not None}
+        self._leaf = {name for name, m in modules if not any(True for _ in m.children())}
+        named = [(name or "(model)", m) for name, m in modules]
+        self._hooks = [m.register_forward_hook(functools.partial(
+            self._forward, name, name in self._eps, name in self._leaf)) for name, m in named]
+        self._kind["(model)"] = self._kind.pop("", type(model).__name__)
+        self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if self._params:  # the first gradient after a step: was the last one still held?
+            self._hooks.append(self._params[0][1].register_hook(self._arrives))
+        self._fresh = False
+        self._reset()
+        self.peak: dict[str, float] = {}  # largest finite |output| per module, steps so far
+        self.numerics: dict = {"every": every, "first": {}, "over_fp16": {},
+                               "stale_grads": [], "loss_dtype": None, "layers": []}
+
+    def _reset(self) -> None:
+        # what was seen, unread: the 0-d tensors, each once, and per module where its own lie
+        self._flat: list[torch.Tensor] = []
+        # (module, its (min, max) at, a norm's input's (min, max) at or -1, dtype)
+        self._fwd: list[tuple[str, int, int, torch.dtype]] = []
+        self._bwd: list[tuple[str, int, torch.dtype]] = []
+        # (module, phase, dtype, its (min, max) at, `_sample`'s at, its number of values)
+        self._rows: list[tuple[str, str, torch.dtype, int, int, int]] = []
+        self._grads = self._weights = self._before = None  # where each list's pairs begin
+        self._stale: int | None = None
+        # the last output measured (a weak reference, its version, where its (min, max) and
+        # its sampled figures lie, its gradient hook's modules): the next module that returns
+        # it unchanged (its parent, a Dropout(0)) shares them; likewise the last gradient
+        self._last_out: list | None = None
+        self._last_grad: list | None = None
+        n = self.step_no + 1  # the step about to run
+        self._sampling = n == 1 or n % self.every == 0
+
+    def _keep(self, tensors) -> int:
+        """Where the figures `tensors` (0-d, unread) lie among the step's."""
+        at = len(self._flat)
+        self._flat += tensors
+        return at
+
+    def _forward(self, name: str, norm: bool, leaf: bool, module, args, output) -> None:
+        if not torch.is_grad_enabled():  # an evaluation, not a training step
+            return
+        t = _first_float(output)
+        if t is None:
+            return
+        last = self._last_out
+        if last is None or last[0]() is not t or last[1] != t._version:
+            names = None
+            if t.requires_grad:
+                names = []
+                t.register_hook(functools.partial(self._backward, names))
+            last = self._last_out = [weakref.ref(t), t._version,
+                                     self._keep(torch.aminmax(t.detach())), -1, names]
+        given = _first_float(args) if norm else None  # a norm: was its input finite?
+        self._fwd.append((name, last[2], -1 if given is None else
+                          self._keep(torch.aminmax(given.detach())), t.dtype))
+        if self._sampling and leaf:
+            if last[3] < 0:
+                last[3] = self._keep(_sample(t))
+            self._rows.append((name, "forward", t.dtype, last[2], last[3], t.numel()))
+        if last[4] is not None:
+            last[4].append((name, leaf))
+
+    def _backward(self, names: list[tuple[str, bool]], grad: torch.Tensor) -> None:
+        if not grad.numel():
+            return
+        last = self._last_grad
+        if last is None or last[0]() is not grad or last[1] != grad._version:
+            last = self._last_grad = [weakref.ref(grad), grad._version,
+                                      self._keep(torch.aminmax(grad.detach())), -1]
+        for name, leaf in names:
+            self._bwd.append((name, last[2], grad.dtype))
+            if self._sampling and leaf:
+                if last[3] < 0:
+                    last[3] = self._keep(_sample(grad))
+                self._rows.append((name, "backward", grad.dtype, last[2], last[3],
+                                   grad.numel()))
+
+    def _arrives(self, grad: torch.Tensor) -> None:
+        if self._fresh:
+            self._fresh = False
+            held = self._params[0][1].grad
+            if held is not None:
+                self._stale = self._keep([local_shard(held).detach().abs().amax()])
+
+    # ---- the optimizer's side: gradients before its step, weights after ----------------------
+
+    def watch_optimizer(self, optimizer) -> None:
+        inner = inner_optimizer(optimizer)
+        self._hooks += [inner.register_step_pre_hook(self._pre_step),
+                        inner.register_step_post_hook(self._post_step)]
+
+    def _pre_step(self, optimizer, args, kwargs) -> None:
+        held = [(n, p) for n, p in self._params if p.grad is not None and p.grad.numel()]
+        if held:
+            self._stepped = [n for n, _ in held]
+            self._held = [p for _, p in held]
+            self._grads = self._keep(_aminmax([p.grad for p in self._held]))
+            self._before = self._keep(_aminmax(self._held))
+
+    def _post_step(self, optimizer, args, kwargs) -> None:
+        self._fresh = True
+        if self._grads is not None:
+            self._weights = self._keep(_aminmax(self._held))
+
+    # ---- the end of a step --------------------------------------------------------------------
+
+    def step(self, result, loss: float | None = None, loss_dtype: torch.dtype | None = None):
+        """Read the step's figures (one sync) into `result.numerics`; `loss`: its value."""
+        self.step_no += 1
+        step, found = self.step_no, self.numerics
+        if loss_dtype is not None and found["loss_dtype"] is None:
+            found["loss_dtype"] = str(loss_dtype).replace("torch.", "")
+        v = _read(self._flat)
+        for name, phase, dtype, i, k, n in self._rows:
+            found["layers"].append({"step": step, "module": name, "phase": phase,
+                                    "dtype": str(dtype).replace("torch.", "")}
+                                   | _row([v[i], v[i + 1], *v[k:k + _SAMPLED]], n))
+        if not all(map(math.isfinite, v)) or (loss is not None and not math.isfinite(loss)):
+            self._non_finite(found["first"], step, v, loss)  # else none began in this step
+        if self._stale is not None and v[self._stale] > 0:
+            found["stale_grads"].append(step)
+        over, peak = found["over_fp16"], self.peak
+        for name, i, _, _ in self._fwd:
+            amax = _absmax(v[i], v[i + 1])
+            if math.isfinite(amax):
+                if amax > FP16_MAX and name not in over:
+                    over[name] = step
+                if amax >= peak.get(name, 0.0):
+                    peak[name] = amax
+            elif name not in over:
+                over[name] = step
+        result.numerics = found
+        self._reset()
+
+    def _non_finite(self, first: dict, step: int, v: list[float], loss: float | None) -> None:
+        """Where this step's first inf/NaN of each kind began, into `first` (see the module's
+        docstring), from the step's figures `v`."""
+        fwd = [(name, v[i], v[i + 1], dtype, v[j:j + 2] if j >= 0 else [])
+               for name, i, j, dtype in self._fwd]
+        bwd = [(name, v[i], v[i + 1], dtype, []) for name, i, dtype in self._bwd]
+        if "forward" not in first:
+            self._first(first, "forward", step, fwd)
+        if "loss" not in first and loss is not None and not math.isfinite(loss):
+            first["loss"] = {"step": step, "value": loss,
+                             "dtype": self.numerics["loss_dtype"],
+                             "outputs_finite": all(map(math.isfinite,
+                                                       (x for _, lo, hi, *_ in fwd
+                                                        for x in (lo, hi))))}
+        if "backward" not in first:
+            self._first(first, "backward", step, bwd)
+        if self._grads is not None and "step" not in first:
+            n = 2 * len(self._stepped)
+            grads = self._absmax(v[self._grads:self._grads + n])
+            before = self._absmax(v[self._before:self._before + n])
+            after = before if self._weights is None else self._absmax(
+                v[self._weights:self._weights + n])
+            for name, g, b, a in zip(self._stepped, grads, before, after):
+                if math.isfinite(g) and math.isfinite(b) and not math.isfinite(a):
+                    first["step"] = {"step": step, "parameter": name, "grad_amax": g,
+                                     "weight_amax_before": b}
+                    break
+
+    @staticmethod
+    def _absmax(values: list[float]) -> list[float]:
+        """The largest |value| of each tensor, from its (min, max) pairs laid end to end."""
+        return [_absmax(lo, hi) for lo, hi in zip(values[::2], values[1::2])]
+
+    def _first(self, first: dict, phase: str, step: int, seen: list) -> None:
+        for name, lo, hi, dtype, given in seen:
+            if math.isfinite(lo) and math.isfinite(hi):
+                continue
+            first[phase] = {"step": step, "module": name, "kind": self._kind.get(name, "?"),
+                            "dtype": str(dtype).replace("torch.", ""), "min": lo, "max": hi,
+                            "peak_before": self.peak.get(name), "eps": self._eps.get(name)}
+            if given:  # a norm's input: finite, so the norm itself made the inf/NaN
+                first[phase]["input_finite"] = all(map(math.isfinite, given))
+            return
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
