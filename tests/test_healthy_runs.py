@@ -261,15 +261,7 @@ def test_a_bf16_llama_with_bf16_weights_and_kahan_updates_is_only_noted():
 
 # ---- 2, on the Llama: a loss summed over tokens, clipped after unscale_ -----------------------
 
-CLIP_FALSE_ALARM = (
-    "false alarm: runs._clip_before_unscale names clip_before_unscale (broken) whenever the "
-    "median pre-clip norm is >= 1000, the median scale >= 256 and norm/scale <= 100; here the "
-    "norm is the true, unscaled one (scaler.unscale_ runs before clip_grad_norm_), about 2000 "
-    "because the loss is summed over 992 tokens (32 x 31), and the scale settled at 256, so "
-    "norm/scale = 7.8 passes as 'the norm of the scaled gradients'")
 
-
-@pytest.mark.xfail(strict=True, reason=CLIP_FALSE_ALARM)
 def test_fp16_clipping_after_unscale_of_a_summed_loss_is_healthy():
     """A causal LM loss summed over the batch's tokens (reduction="sum", as many LM codebases
     write it): the true gradient norm is in the thousands, and clipping after

@@ -254,6 +254,13 @@ def _clip_before_unscale(r: TrainResult) -> list[Finding]:
     if scale < 256 or norm < 1000 or per_scale > 100:
         return []
     max_norm = r.config.get("max_grad_norm")
+    # What the optimizer received, where the layers' watch read it: clipped before unscale_,
+    # max_norm / scale; clipped after, about min(norm, max_norm). A true norm of thousands (a
+    # loss summed over tokens) is not the scaled one.
+    applied = median(finite((r.numerics or {}).get("applied_norms") or []))
+    if applied is not None and isinstance(max_norm, (int, float)) \
+            and applied > 4 * max_norm / scale:
+        return []
     evidence = [f"the median gradient norm before clipping is {norm:.4g}, {per_scale:.3g} × "
                 f"the median scale ({scale:g}): the norm of the scaled gradients"]
     if isinstance(max_norm, (int, float)):

@@ -26,6 +26,8 @@ What it finds goes into `TrainResult.numerics` (plain data, in the JSON too):
   eps and whether its input was finite.
 - "over_fp16": per module, the first step its forward output passed 65504.
 - "stale_grads": steps whose first gradient found the last step's still held (never zeroed).
+- "applied_norms" (a loop that clips): per stepped step after the first, the norm of the
+  gradients the optimizer received (after unscaling and clipping).
 - "loss_dtype": the loss's dtype; "layers": the sampled rows; "every": how often.
 """
 
@@ -179,6 +181,9 @@ class LayerWatch:
         if self._params:  # the first gradient after a step: was the last one still held?
             self._hooks.append(self._params[0][1].register_hook(self._arrives))
         self._fresh = False
+        # set once the loop clips (a norm was recorded): then the norm of the gradients the
+        # optimizer really receives is read too, which tells a clip before unscale_ apart
+        self.norms = False
         self._reset()
         self.peak: dict[str, float] = {}  # largest finite |output| per module, steps so far
         self.numerics: dict = {"every": every, "first": {}, "over_fp16": {},
@@ -193,6 +198,7 @@ class LayerWatch:
         # (module, phase, dtype, its (min, max) at, `_sample`'s at, its number of values)
         self._rows: list[tuple[str, str, torch.dtype, int, int, int]] = []
         self._grads = self._weights = self._before = None  # where each list's pairs begin
+        self._applied: int | None = None  # where the received gradients' norm lies
         self._stale: int | None = None
         # the last output measured (a weak reference, its version, where its (min, max) and
         # its sampled figures lie, its gradient hook's modules): the next module that returns
@@ -268,6 +274,9 @@ class LayerWatch:
             self._held = [p for _, p in held]
             self._grads = self._keep(_aminmax([p.grad for p in self._held]))
             self._before = self._keep(_aminmax(self._held))
+            if self.norms:
+                self._applied = self._keep([torch.linalg.vector_norm(torch.stack(
+                    [local_shard(p.grad).detach().float().norm() for p in self._held]))])
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         self._fresh = True
@@ -291,6 +300,8 @@ class LayerWatch:
             self._non_finite(found["first"], step, v, loss)  # else none began in this step
         if self._stale is not None and v[self._stale] > 0:
             found["stale_grads"].append(step)
+        if self._applied is not None:
+            found.setdefault("applied_norms", []).append(v[self._applied])
         over, peak = found["over_fp16"], self.peak
         for name, i, _, _ in self._fwd:
             amax = _absmax(v[i], v[i + 1])

@@ -183,6 +183,8 @@ class StepLog:
             result.scales.append(scale)
         if grad_norm is not None:
             result.grad_norms.append(float(grad_norm))
+            if self.layers is not None:
+                self.layers.norms = True
         if self._calls is not None:
             result.scaler_calls.append(self._calls.counts())
         if self._watch is not None:
