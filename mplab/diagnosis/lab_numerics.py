@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from mplab.hardware import resolve_device
 from mplab.train import Recorder, TrainResult
 
-from .lab_runs import LR, _autocast, lab_batches, lab_model
+from .lab_runs import LR, lab_autocast, lab_batches, lab_model
 
 __all__ = ["fp16_loss", "adam_eps", "adam_eps_zero", "MaskedHead", "masked_entropy",
            "stale_grads", "scale_stuck", "Fp16Backward"]
@@ -24,7 +24,7 @@ def fp16_loss(fix=None, steps=20, device="auto", logit_scale=30.0) -> TrainResul
     device = resolve_device(device)
     model = lab_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    autocast, scaler = _autocast("fp16", device), torch.amp.GradScaler(device.type)
+    autocast, scaler = lab_autocast("fp16", device), torch.amp.GradScaler(device.type)
     with Recorder(model, optimizer, scaler=scaler, autocast=autocast) as rec:
         for batch in lab_batches(steps, device=device):
             labels = batch.pop("labels")
@@ -52,7 +52,7 @@ def adam_eps(fix=None, steps=10, device="auto") -> TrainResult:
     model = lab_model().to(device)
     autocast = scaler = None
     if fix == "fp32_master":  # the fix: fp32 weights and states, fp16 compute
-        autocast, scaler = _autocast("fp16", device), torch.amp.GradScaler(device.type)
+        autocast, scaler = lab_autocast("fp16", device), torch.amp.GradScaler(device.type)
     else:
         model.half()
     eps = 1e-4 if fix == "eps" else 1e-8  # the other fix: an eps fp16 holds
@@ -115,7 +115,7 @@ def masked_entropy(fix=None, steps=20, device="auto") -> TrainResult:
     fill = torch.finfo(torch.float16).min if fix == "finfo_min" else -1e9  # the fix
     model.masked_head = MaskedHead(model.classifier, fill)  # a part of the model: watched
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    autocast, scaler = _autocast("fp16", device), torch.amp.GradScaler(device.type)
+    autocast, scaler = lab_autocast("fp16", device), torch.amp.GradScaler(device.type)
     with Recorder(model, optimizer, scaler=scaler, autocast=autocast) as rec:
         for batch in lab_batches(steps, device=device):
             labels = batch.pop("labels")
@@ -176,7 +176,7 @@ def scale_stuck(fix=None, steps=40, device="auto") -> TrainResult:
     device = resolve_device(device)
     model = lab_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    autocast, scaler = _autocast("fp16", device), torch.amp.GradScaler(device.type)
+    autocast, scaler = lab_autocast("fp16", device), torch.amp.GradScaler(device.type)
     with Recorder(model, optimizer, scaler=scaler, autocast=autocast) as rec:
         for batch in lab_batches(steps, device=device):
             labels = batch.pop("labels")

@@ -21,11 +21,11 @@ from mplab.numerics.bf16_updates import LowPrecisionUpdate
 from mplab.train import NonFiniteLossError, Recorder, TrainResult, TrainWarning, train
 
 __all__ = ["CannotReproduce", "LAB_SHAPE", "BATCH", "LAB_PRETRAINED", "LR", "lab_model",
-           "lab_batches", "Fp32Island", "fp16_overflow", "grow_feed_forward", "no_scaler",
-           "clip_before_unscale", "extra_update", "scale_collapse", "accumulation_scaler",
-           "accumulation_error", "fp16_ignored", "no_units", "scaler_bypassed", "diverged",
-           "autocast_off", "scaler_with_bf16", "frequent_skips", "stalled", "fp8_grad_scale",
-           "pure_bf16", "BF16_FIX_BYTES", "compare_bf16_fixes"]
+           "lab_batches", "lab_autocast", "Fp32Island", "fp16_overflow", "grow_feed_forward",
+           "no_scaler", "clip_before_unscale", "extra_update", "scale_collapse",
+           "accumulation_scaler", "accumulation_error", "fp16_ignored", "no_units",
+           "scaler_bypassed", "diverged", "autocast_off", "scaler_with_bf16", "frequent_skips",
+           "stalled", "fp8_grad_scale", "pure_bf16", "BF16_FIX_BYTES", "compare_bf16_fixes"]
 
 
 class CannotReproduce(ValueError):
@@ -97,7 +97,8 @@ def _train(model, **settings) -> TrainResult:
                                      **settings})
 
 
-def _autocast(precision: str, device: torch.device) -> torch.autocast:
+def lab_autocast(precision: str, device: torch.device) -> torch.autocast:
+    """The autocast every lab run writes inline, as a user's own loop does."""
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
     return torch.autocast(device.type, dtype=dtype, enabled=precision != "fp32")
 
@@ -143,7 +144,7 @@ def no_scaler(fix=None, steps=30, device="auto") -> TrainResult:
     device = resolve_device(device)
     model = lab_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    autocast = _autocast("bf16" if fix == "bf16" else "fp16", device)
+    autocast = lab_autocast("bf16" if fix == "bf16" else "fp16", device)
     scaler = torch.amp.GradScaler(device.type, enabled=fix == "scaler")
     with Recorder(model, optimizer, scaler=scaler if fix == "scaler" else None,
                   autocast=autocast) as rec:
@@ -164,7 +165,7 @@ def clip_before_unscale(fix=None, steps=30, device="auto", init_scale=2.0**16) -
     device = resolve_device(device)
     model = lab_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    autocast = _autocast("fp16", device)
+    autocast = lab_autocast("fp16", device)
     scaler = torch.amp.GradScaler(device.type, init_scale=init_scale)
     with Recorder(model, optimizer, scaler=scaler, autocast=autocast, max_grad_norm=1.0) as rec:
         for batch in lab_batches(steps, device=device):
@@ -190,7 +191,7 @@ def extra_update(fix=None, steps=30, device="auto") -> TrainResult:
     body = [p for p in model.parameters() if all(p is not h for h in head)]
     body_opt = torch.optim.AdamW(body, lr=LR)
     head_opt = torch.optim.AdamW(head, lr=10 * LR)
-    autocast = _autocast("fp16", device)
+    autocast = lab_autocast("fp16", device)
     scaler = torch.amp.GradScaler(device.type, growth_interval=10)
     with Recorder(model, body_opt, scaler=scaler, autocast=autocast) as rec:
         for batch in lab_batches(steps, device=device):
@@ -215,7 +216,7 @@ def scale_collapse(fix=None, steps=40, device="auto") -> TrainResult:
     device = resolve_device(device)
     model = lab_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    autocast = _autocast("fp16", device)
+    autocast = lab_autocast("fp16", device)
     scaler = torch.amp.GradScaler(device.type)
     eps = 1e-6 if fix == "eps" else 0.0  # the fix: keep sqrt away from 0
     with Recorder(model, optimizer, scaler=scaler, autocast=autocast) as rec:
@@ -239,7 +240,7 @@ def accumulation_scaler(fix=None, steps=12, device="auto", micro_batches=4) -> T
     device = resolve_device(device)
     model = lab_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    autocast = _autocast("fp16", device)
+    autocast = lab_autocast("fp16", device)
     scaler = torch.amp.GradScaler(device.type)
     with Recorder(model, optimizer, scaler=scaler, autocast=autocast, max_grad_norm=1.0) as rec:
         for batch in lab_batches(steps, batch_size=BATCH * micro_batches, device=device):
@@ -306,7 +307,7 @@ def scaler_bypassed(fix=None, steps=20, device="auto") -> TrainResult:
     device = resolve_device(device)
     model = lab_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.03)
-    autocast = _autocast("fp16", device)
+    autocast = lab_autocast("fp16", device)
     scaler = torch.amp.GradScaler(device.type)
     with Recorder(model, optimizer, scaler=scaler, autocast=autocast) as rec:
         for batch in lab_batches(steps, device=device):
@@ -329,7 +330,7 @@ def diverged(fix=None, steps=12, device="auto") -> TrainResult:
     device = resolve_device(device)
     model = lab_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR if fix == "lower_lr" else 1.0)
-    autocast = _autocast("bf16", device)
+    autocast = lab_autocast("bf16", device)
     with Recorder(model, optimizer, autocast=autocast) as rec:
         for batch in lab_batches(steps, device=device):
             with autocast:
@@ -369,7 +370,7 @@ def scaler_with_bf16(fix=None, steps=10, device="auto") -> TrainResult:
     device = resolve_device(device)
     model = lab_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    autocast = _autocast("bf16", device)
+    autocast = lab_autocast("bf16", device)
     scaler = torch.amp.GradScaler(device.type, enabled=fix != "drop_scaler")
     with Recorder(model, optimizer, scaler=scaler, autocast=autocast) as rec:
         for batch in lab_batches(steps, device=device):
@@ -390,7 +391,7 @@ def frequent_skips(fix=None, steps=30, device="auto") -> TrainResult:
     device = resolve_device(device)
     model = lab_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    autocast = _autocast("fp16", device)
+    autocast = lab_autocast("fp16", device)
     growth = {} if fix == "default_growth" else {"growth_interval": 1}  # the fix: no setting
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0**24, **growth)
     with Recorder(model, optimizer, scaler=scaler, autocast=autocast) as rec:
@@ -447,7 +448,7 @@ def _bf16_run(fix, steps, device, lr):
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     if fix in ("kahan", "stochastic"):
         optimizer = LowPrecisionUpdate(optimizer, rounding=fix, seed=0)
-    autocast = _autocast("bf16", device)
+    autocast = lab_autocast("bf16", device)
     with Recorder(model, optimizer, autocast=autocast, precision="bf16") as rec:
         for batch in lab_batches(steps, device=device):
             with autocast:
