@@ -196,8 +196,8 @@ def timed(work, repeats: int = 200) -> float:
 
 
 def sample_before(x: torch.Tensor) -> torch.Tensor:
-    """`mplab.train.layers._sample` as it was before 2026-12-05 (float |x|, bool masks), to
-    time the present one against."""
+    """A sampled row's figures as `mplab.train.layers` counted them before 2026-12-05 (float
+    |x|, bool masks, every value), to time the present way against."""
     a = x.detach().abs().float()
     n = a.numel()
     nonzero = a > 0
@@ -213,14 +213,23 @@ def sample_before(x: torch.Tensor) -> torch.Tensor:
 def pieces() -> None:
     """The choices in mplab/train/layers.py, each timed alone on a lesson-sized activation
     (batch 32, 50 tokens, hidden 128: 204,800 values) in the autograd graph, as a module's
-    output is: how the watch counts the values below a bound, a sampled row's figures, and
-    the per-step figure of each output."""
-    from mplab.train.layers import _sample
+    output is: how the watch counts the values below a bound, a sampled row's figures, a
+    sampled step's fifty rows counted one by one or together, and the per-step figure of
+    each output."""
+    from mplab.train.layers import _Samples
 
     x = torch.randn(32, 50, 128, requires_grad=True) * 1.0
     plain = x.detach()
     bits = plain.view(torch.int32) & 0x7FFFFFFF
     work = torch.empty_like(bits)
+    outputs = [torch.randn(32, 50, 128) for _ in range(50)]
+    samples = _Samples()
+
+    def count(tensors: list[torch.Tensor]) -> list[list[float]]:
+        for t in tensors:
+            samples.add(t)
+        return samples.count()
+
     cases = [
         ("the values with |x| < 2^-14, counted",
          "float compare into a bool tensor", lambda: (plain.abs() < 2.0 ** -14).sum(),
@@ -228,7 +237,10 @@ def pieces() -> None:
          lambda: torch.lt(bits, 0x38800000, out=work).sum(dtype=torch.int32)),
         ("a sampled row's figures",
          "before 2026-12-05 (bool masks)", lambda: sample_before(x),
-         "_sample (int32 bits)", lambda: _sample(x)),
+         "now (int32 bits, 8,192 spread)", lambda: count([x])),
+        ("a sampled step's 50 rows",
+         "counted one by one", lambda: [count([t]) for t in outputs],
+         "all together", lambda: count(outputs)),
         ("the per-step figure of each output, for scale",
          "torch.aminmax", lambda: torch.aminmax(plain), "x.amax()", lambda: plain.amax()),
     ]

@@ -124,6 +124,43 @@ def test_gradients_zeroed_after_each_accumulated_step_are_not_stale():
     assert "stale_grads" not in mplab.diagnose(result)
 
 
+class Grows(torch.optim.Optimizer):
+    """Multiplies each weight by 300 a step, whatever its gradient: in fp16 a weight of 0.5
+    is 150, then 45,000 (44,992), then inf, at the third step."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.mul_(300)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_a_step_that_overflows_a_weight_is_found_however_the_loop_zeroes(set_to_none):
+    # zero_grad() lets the watch keep the gradients unread until a weight turns inf/NaN;
+    # zero_grad(set_to_none=False) overwrites them, so they are measured at each step
+    model = Padded(torch.nn.LayerNorm(16)).half()
+    with torch.no_grad():
+        model.head.weight.fill_(0.5)
+    optimizer = Grows([model.head.weight])
+    with Recorder(model, optimizer) as rec:
+        for x, mask, y in _batches(3, torch.float16):
+            loss = F.cross_entropy(model(x, mask).float(), y)
+            loss.backward()
+            grad = model.head.weight.grad.abs().max().item()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=set_to_none)
+            rec.step(loss)
+        assert rec.log.layers._lazy is set_to_none
+        result = rec.finish()
+    assert result.numerics["first"]["step"] == {
+        "step": 3, "parameter": "head.weight", "grad_amax": grad,
+        "weight_amax_before": 44992.0}  # 45,000 in fp16
+
+
 def test_the_sampled_rows_match_what_torch_computes_on_the_same_outputs():
     model = Padded(torch.nn.LayerNorm(16))
     seen = {}
@@ -144,6 +181,43 @@ def test_the_sampled_rows_match_what_torch_computes_on_the_same_outputs():
     assert layer_series(result, "head") == [(1, rows[1, "head", "forward"]["amax"]),
                                              (10, rows[10, "head", "forward"]["amax"])]
     assert ("embed" in {m for _, m, _ in rows}) and ("" not in {m for _, m, _ in rows})
+
+
+def test_a_big_tensors_row_counts_values_spread_over_every_column():
+    from mplab.train.layers import _SAMPLE_VALUES, _row, _Samples, _spread
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 96, 768, generator=gen) * 1e-3  # 2.4 M values; 768 = 2^8 * 3
+    x[..., 7] = 1e5  # one outlier channel, past fp16's largest: 1 value in 768
+    x[:4] = 0.0
+    index = _spread(torch.arange(x.numel(), dtype=torch.float64).view(x.shape)).reshape(-1)
+    index = index.long()
+    assert len(index) <= _SAMPLE_VALUES and len(index.unique()) == len(index)
+    assert len((index % 768).unique()) == 768  # every column is among those counted
+    small = torch.randn(3, 5, 7, generator=gen).half()  # under 8,192 values: every one
+    assert torch.equal(_spread(small), small.reshape(-1))
+    samples = _Samples()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)  # as Lightning's "16-true" sets it in a forward
+    try:
+        (_, n_big), (_, n_small) = samples.add(x), samples.add(small)
+    finally:
+        torch.set_default_dtype(default)
+    assert n_big == len(index) and n_small == small.numel()
+    big, little = [_row([*map(float, torch.aminmax(t)), *figures], n)
+                   for t, n, figures in zip((x, small), (n_big, n_small), samples.count())]
+    a = x.abs()
+    assert big["amax"] == 1e5  # the whole tensor's, exactly
+    assert big["zeros"] == pytest.approx((a == 0).double().mean().item(), abs=0.01)
+    assert big["fp16_subnormal"] == pytest.approx(
+        ((a < 2.0 ** -14) & (a > 0)).double().mean().item(), abs=0.01)
+    assert big["fp16_overflow"] == pytest.approx((a > 65504).double().mean().item(), rel=0.05)
+    assert big["bf16_subnormal"] == 0.0
+    # a shorter tensor counted in the same batch: exact, its padding counted nowhere
+    s = small.float().abs()
+    assert little == {"amax": s.max().item(), "amin": s.min().item(), "zeros": 0.0,
+                      "fp16_subnormal": ((s < 2.0 ** -14) & (s > 0)).double().mean().item(),
+                      "bf16_subnormal": 0.0, "fp16_overflow": 0.0}
 
 
 def test_the_layers_record_survives_json_and_diagnoses_the_same():
