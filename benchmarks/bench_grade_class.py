@@ -1,18 +1,20 @@
-"""How long a class takes to grade: 40 lesson-1 submissions, each alone and then all at once.
+"""How long a class takes to grade: 40 lesson-1 submissions, sandboxed and not, side by side.
 
-    python benchmarks/bench_grade_class.py                  # 40 submissions, 2 jobs
+    python benchmarks/bench_grade_class.py                  # 40 submissions, 2 jobs, both ways
     python benchmarks/bench_grade_class.py --n 12 --jobs 2  # quicker
-    python benchmarks/bench_grade_class.py --csv grades.csv # keep the class's gradebook
+    python benchmarks/bench_grade_class.py --singles        # also each submission alone
+    python benchmarks/bench_grade_class.py --csv grades.csv # keep the sandboxed gradebook
 
 The submissions are generated (:func:`make_class`): blanks, keys, half answers and hostile ones
 (a forged grade-log line, every check replaced with ``lambda *a: None`` through
 ``object.__setattr__``, an endless loop, a 10 GB allocation, 1,000 forked processes, a file
-written past the file-size limit). Each is graded alone first (``grade_class`` on a folder of
-one, ``jobs=1``, one after another: its "single run"), then the whole folder with
-``grade_class(..., jobs=N)`` into one CSV. Prints each submission's seconds, the sum of the
-single runs divided by the jobs, the class run's seconds and their ratio. Criterion (issue 19):
-the class run takes at most 1.2x the sum of the single runs divided by the jobs. The times are
-wall-clock times: on a machine that others share they vary from run to run.
+written past the file-size limit), each the whole lesson-1 notebook. The folder is graded with
+``grade_class(..., jobs=N)`` twice, without a sandbox (``--no-sandbox``) and with one per
+submission (issue 35: at least as fast per submission), printing each run's seconds per
+submission and their ratio. With ``--singles``, each is first graded alone (a folder of one,
+``jobs=1``, sandboxed), and the criterion of issue 19 is checked: the sandboxed class run takes
+at most 1.2x the sum of the single runs divided by the jobs. The times are wall-clock times: on
+a machine that others share they vary from run to run.
 
 `submission` and `make_class` are the one generator of lesson-1 submissions:
 tests/test_grade_class.py builds its class with them.
@@ -158,13 +160,22 @@ def left_behind(mark: str = FORK_MARK) -> int:
     return count
 
 
+def _class_run(folder: Path, args, limits: Limits, sandbox: bool) -> tuple[list, float]:
+    started = time.monotonic()
+    reports = grade_class(folder, jobs=args.jobs, limits=limits, cell_timeout=args.cell_timeout,
+                          progress=False, sandbox=sandbox)
+    return reports, time.monotonic() - started
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=40, help="submissions (default 40)")
-    p.add_argument("--jobs", type=int, default=2, help="the class run's jobs (default 2)")
+    p.add_argument("--jobs", type=int, default=2, help="the class runs' jobs (default 2)")
     p.add_argument("--cell-timeout", type=float, default=10,
                    help="seconds a cell may run, the hang's included (default 10)")
-    p.add_argument("--csv", metavar="FILE", help="keep the class run's gradebook here")
+    p.add_argument("--singles", action="store_true",
+                   help="also grade each submission alone (issue 19's criterion)")
+    p.add_argument("--csv", metavar="FILE", help="keep the sandboxed class's gradebook here")
     args = p.parse_args()
     limits = Limits(memory_gb=6, file_mb=64)
     print(f"{args.n} lesson-1 submissions, {os.cpu_count()} CPUs, limits {limits}, cell "
@@ -174,7 +185,7 @@ def main() -> int:
         folder.mkdir()
         kinds = make_class(folder, args.n)
         single = {}
-        for name in kinds:
+        for name in kinds if args.singles else ():
             alone = Path(tmp) / "alone"
             alone.mkdir()
             shutil.copyfile(folder / name, alone / name)
@@ -185,31 +196,40 @@ def main() -> int:
             shutil.rmtree(alone)
             print(f"{name}: {single[name]:.1f} s alone", flush=True)
 
-        started = time.monotonic()
-        reports = grade_class(folder, jobs=args.jobs, limits=limits,
-                              cell_timeout=args.cell_timeout, progress=False)
-        took = time.monotonic() - started
+        plain, plain_took = _class_run(folder, args, limits, sandbox=False)
+        print(f"class run without a sandbox: {plain_took:.1f} s", flush=True)
+        reports, took = _class_run(folder, args, limits, sandbox=True)
+        print(f"class run, each in a sandbox: {took:.1f} s", flush=True)
         out = Path(args.csv) if args.csv else Path(tmp) / "grades.csv"
         write_csv(reports, out)
         rows = list(csv.DictReader(out.open(encoding="utf-8")))
 
     print()
     by = {Path(r["notebook"]).name: r for r in reports}
-    print(Table([{"submission": name, "kind": kind, "s alone": round(single[name], 1),
-                  "s in the class": by[name]["elapsed_s"],
-                  "points": f"{by[name]['total']:g}/{by[name]['max']:g}"}
+    by_plain = {Path(r["notebook"]).name: r for r in plain}
+    print(Table([{"submission": name, "kind": kind,
+                  **({"s alone": round(single[name], 1)} if single else {}),
+                  "s unsandboxed": by_plain[name]["elapsed_s"],
+                  "s sandboxed": by[name]["elapsed_s"],
+                  "points unsandboxed": f"{by_plain[name]['total']:g}",
+                  "points sandboxed": f"{by[name]['total']:g}/{by[name]['max']:g}"}
                  for name, kind in kinds.items()], title="each submission's seconds"))
-    share = sum(single.values()) / args.jobs
-    ratio = took / share
-    print(f"time per submission alone: mean {sum(single.values()) / len(single):.1f} s, "
-          f"min {min(single.values()):.1f} s, max {max(single.values()):.1f} s")
-    print(f"sum of single runs / jobs: {sum(single.values()):.1f} s / {args.jobs} = "
-          f"{share:.1f} s")
-    print(f"class run, jobs={args.jobs}: {took:.1f} s, {took / len(reports):.1f} s per "
-          "submission")
-    print(f"ratio: {ratio:.2f} (criterion: at most {CRITERION:g}): "
-          + ("met" if ratio <= CRITERION else "NOT met"))
-    print(f"gradebook: {len(rows)} rows" + (f" in {args.csv}" if args.csv else ""))
+    n = len(reports)
+    print(f"class run, jobs={args.jobs}, without a sandbox: {plain_took:.1f} s, "
+          f"{plain_took / n:.2f} s per submission")
+    print(f"class run, jobs={args.jobs}, each in a sandbox: {took:.1f} s, {took / n:.2f} s per "
+          f"submission; sandboxed / unsandboxed: {took / plain_took:.2f} (issue 35: at most 1)")
+    if single:
+        share = sum(single.values()) / args.jobs
+        ratio = took / share
+        print(f"time per submission alone: mean {sum(single.values()) / len(single):.1f} s, "
+              f"min {min(single.values()):.1f} s, max {max(single.values()):.1f} s")
+        print(f"sum of single runs / jobs: {sum(single.values()):.1f} s / {args.jobs} = "
+              f"{share:.1f} s; ratio: {ratio:.2f} (criterion: at most {CRITERION:g}): "
+              + ("met" if ratio <= CRITERION else "NOT met"))
+    differ = [name for name in kinds if by[name]["total"] != by_plain[name]["total"]]
+    print(f"gradebook: {len(rows)} rows" + (f" in {args.csv}" if args.csv else "")
+          + f"; points that differ between the two runs: {', '.join(differ) or 'none'}")
     print(f"forked processes left behind: {left_behind()}")
     return 0 if len(rows) == len(kinds) else 1
 

@@ -1,19 +1,22 @@
 """A class graded at once: a folder of lesson-1 submissions (a blank, the key, half answers,
-hostile ones), each in its own folder and kernel under limits, into one CSV; one that hangs,
-allocates 10 GB, forges its log, forks 1,000 processes or writes past the file-size limit
-costs its own grade only, and leaves no process behind."""
+hostile ones), each in its own sandbox (and, with --no-sandbox, in its own folder and kernel)
+under limits, into one CSV; one that hangs, allocates 10 GB, forges its log, forks 1,000
+processes or writes past the file-size limit costs its own grade only, and leaves no process
+behind. The sandbox's own guarantees are tests/test_grade_sandbox.py's."""
 
 import csv
 import importlib.util
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from mplab.exercises import lesson1
 from mplab.grade.classroom import Limits, grade_class, gradebook_rows
+from mplab.grade.sandbox import unavailable
 
 # The one generator of lesson-1 submissions is the class benchmark's.
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_grade_class.py"
@@ -30,8 +33,28 @@ def submission(folder: Path, name: str, cells: dict) -> Path:
 MARK = f"mplab-{os.getpid() % 10**8}"
 
 
-@pytest.fixture(scope="module")
-def klass(tmp_path_factory):
+class Most:
+    """The most live processes named MARK seen while a class grades (sampled every 0.1 s)."""
+
+    def __init__(self):
+        self.seen, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self):
+        while not self._stop.wait(0.1):
+            self.seen = max(self.seen, bench.left_behind(MARK))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.seen
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["sandboxed", "no-sandbox"])
+def klass(request, tmp_path_factory):
+    if request.param and unavailable():
+        pytest.fail(f"this machine cannot make a grading sandbox: {unavailable()}")
     folder = tmp_path_factory.mktemp("submissions")
     ids = list(lesson1.EXERCISES)
     key = submission(folder, "key", dict.fromkeys(ids))
@@ -45,10 +68,13 @@ def klass(tmp_path_factory):
     submission(folder, "forker", bench.forker(1000, folder / "forked.txt", MARK))
     submission(folder, "filler", bench.filler(64))  # MiB, past file_mb
     (folder / "notes.ipynb").write_text("not a notebook")
+    most = Most()
     # 20 s a cell: a cell that imports torch on a loaded machine takes some of it
     reports = grade_class(folder, jobs=2, limits=Limits(memory_gb=6, file_mb=16),
-                          cell_timeout=20, progress=False)
-    return folder, {Path(r["notebook"]).stem: r for r in reports}
+                          cell_timeout=20, progress=False, sandbox=request.param)
+    by = {Path(r["notebook"]).stem: r for r in reports}
+    by["most forked alive"] = most.stop()
+    return folder, by
 
 
 @pytest.mark.slow
@@ -87,14 +113,22 @@ def graded(report: dict, ids: list) -> list:
 @pytest.mark.slow
 def test_a_fork_bomb_costs_nothing_else_and_no_process_of_it_survives(klass):
     """1,000 sleepers (a third out of the kernel's process group, a third out of its session,
-    all orphans once their forking parent exits): RLIMIT_NPROC does not bind root, so the
-    grader ends them when it drops the kernel. They are found by the name each gave itself."""
+    all orphans once their forking parent exits). Unsandboxed, RLIMIT_NPROC does not bind
+    root, so the grader ends them when it drops the kernel; in a sandbox the limit counts the
+    sandbox's own user namespace, root's too, and its PID namespace ends with it. They are
+    found by the name each gave itself."""
     folder, by = klass
-    forked = int((folder / "forked.txt").read_text())
-    assert forked == 1000 if os.geteuid() == 0 else forked > 0
+    if by["forker"]["sandbox"] == "none":  # the forking Python could write outside
+        forked = int((folder / "forked.txt").read_text())
+        assert forked == 1000 if os.geteuid() == 0 else forked > 0
+    else:
+        assert not (folder / "forked.txt").exists()  # the sandbox sees no host folder
+    assert by["most forked alive"] > 0  # they were alive while it graded
     assert bench.left_behind(MARK) == 0
     forker = by["forker"]
     assert forker["exercises"][0]["status"] == "not attempted"  # the cell ran to its end
+    if forker["sandbox"] != "none":  # the grader ended the processes past the limit
+        assert any("process limit" in p["problem"] for p in forker["problems"])
     later = list(lesson1.EXERCISES)[1:]
     assert graded(forker, later) == graded(by["key"], later)  # and so did the rest
 
@@ -117,7 +151,7 @@ def test_the_class_generator_mixes_every_kind(tmp_path):
 @pytest.mark.slow
 def test_the_gradebook_has_a_row_per_submission(klass, tmp_path):
     folder, by = klass
-    rows = gradebook_rows(list(by.values()))
+    rows = gradebook_rows([r for r in by.values() if isinstance(r, dict)])
     assert {r["file"] for r in rows} == {p.name for p in folder.glob("*.ipynb")}
     key = next(r for r in rows if r["file"] == "key.ipynb")
     assert [key[x] for x in lesson1.EXERCISES] == [e.points for e in lesson1.EXERCISES.values()]
@@ -143,3 +177,40 @@ def test_the_cli_grades_a_folder_into_a_csv(tmp_path):
                              "--key", str(tmp_path / "nowhere")],
                             capture_output=True, text=True, timeout=60)
     assert no_key.returncode == 2 and "nowhere is not a folder" in no_key.stderr
+
+
+def test_a_machine_without_user_namespaces_stops_the_class_and_says_what_to_enable(
+        tmp_path, monkeypatch, capsys):
+    """bwrap as it fails where unprivileged user namespaces are off: no kernel starts, the
+    message says why and what to enable, and --no-sandbox is the explicit way around."""
+    from mplab.grade import classroom, main, sandbox
+
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sandbox, "bwrap", lambda: str(fake))
+    monkeypatch.setattr(sandbox, "_CHECKED", {})
+    started = []
+    monkeypatch.setattr(classroom, "grade_notebook", lambda *a, **k: started.append(a))
+    folder = tmp_path / "class"
+    folder.mkdir()
+    submission(folder, "blank", {})
+    assert main([str(folder), "--csv", str(tmp_path / "grades.csv")]) == 2
+    said = capsys.readouterr().err
+    assert "uid map: Permission denied" in said and "unprivileged user namespaces" in said
+    assert "--no-sandbox" in said and not started and not (tmp_path / "grades.csv").exists()
+    with pytest.raises(sandbox.SandboxUnavailable, match="Permission denied"):
+        grade_class(folder, progress=False)
+
+
+def test_an_unsandboxed_class_says_so_on_its_gradebook(tmp_path, capsys):
+    folder = tmp_path / "class"
+    folder.mkdir()
+    submission(folder, "blank", {})
+    out = tmp_path / "grades.csv"
+    from mplab.grade import main
+
+    assert main([str(folder), "--csv", str(out), "--no-sandbox", "--jobs", "1"]) == 0
+    assert "UNSANDBOXED" in capsys.readouterr().out
+    assert [r["sandbox"] for r in csv.DictReader(out.open())] == ["none"]

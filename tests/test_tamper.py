@@ -48,6 +48,13 @@ HOSTILE = {
         "import os\nprint(os.listdir('..'))",
         "from pathlib import Path\ntext = Path('~/key/lesson1.py').read_text()",
     ],
+    "shell": [
+        "!cat ~/.ssh/id_rsa",
+        "%%bash\ncp /srv/class/*.ipynb .",
+        "listing = 1\n%sx ls /srv/class",
+        "get_ipython().system('ls /srv/class')",
+        "import os\nos.system('ls /srv/class')",
+    ],
 }
 
 
@@ -61,6 +68,12 @@ def test_each_hostile_cell_is_flagged_for_what_it_does(what, source):
                          WATCHED)
     assert what in {f["what"] for f in flags}, flags
     assert all(f["cell"] == 2 and f["what"] in KINDS for f in flags)
+
+
+def test_a_python_cell_under_a_line_magic_is_still_read():
+    flags = tamper_flags(notebook_of("%%time\nimport os\nlog = os.environ['MPLAB_GRADE_LOG']",
+                                     "%matplotlib inline\nx = 1"), WATCHED)
+    assert [(f["cell"], f["what"], f["line"]) for f in flags] == [(1, "grade log", 3)]
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)

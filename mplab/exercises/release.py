@@ -79,9 +79,10 @@ def _lesson_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("lesson[0-9]*.py"))
 
 
-def release(out, key=None) -> list[Path]:
+def release(out, key=None, notebooks: bool = True) -> list[Path]:
     """Write the learner's copy of mplab into `out` (a new or empty folder) and, with `key`,
-    the lesson modules as they are into that folder; the lesson modules written to `out`."""
+    the lesson modules as they are into that folder; the lesson modules written to `out`.
+    Without `notebooks`, only mplab and its data (what a grading sandbox mounts)."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty: give a new folder for the release")
@@ -94,7 +95,7 @@ def release(out, key=None) -> list[Path]:
         target.write_text(strip_key(path.read_text(encoding="utf-8")), encoding="utf-8")
         written.append(target)
     root = package.parent
-    for folder in ("notebooks", "data"):  # the lessons, and what they train on
+    for folder in ("notebooks", "data")[0 if notebooks else 1:]:  # lessons, what they train on
         if (root / folder).is_dir():
             shutil.copytree(root / folder, out / folder,
                             ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))

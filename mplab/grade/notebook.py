@@ -37,16 +37,13 @@ notebook, no lesson to grade).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import importlib.util
 import json
-import logging
 import os
 import pkgutil
 import re
 import secrets
-import subprocess
 import sys
 import tempfile
 import threading
@@ -61,13 +58,12 @@ if sys.argv[:1] == ["-m"]:  # started as `python -m mplab.grade` (runpy imports 
     sys.modules.setdefault("rfc3987_syntax", None)
 
 import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 import mplab
 import mplab.exercises as exercises
 from mplab._display import Table
 from mplab.exercises import CELL_METADATA_KEY, GRADE_LOG_ENV, GRADING_ENV, SEED_ENV
+from mplab.grade.kernel import Outcome, Run, clean
 from mplab.grade.tamper import tamper_flags
 
 __all__ = ["grade_notebook", "GradingError", "exercise_id", "parser", "run",
@@ -76,9 +72,6 @@ __all__ = ["grade_notebook", "GradingError", "exercise_id", "parser", "run",
 _LESSON_IMPORT = re.compile(r"from\s+mplab\.exercises\s+import\s+(lesson\d+)\b"
                             r"|(?:from|import)\s+mplab\.exercises\.(lesson\d+)\b")
 _CHECK_CALL = re.compile(r"""\bcheck\(\s*["'](\d+\.\d+)["']""")
-_QUIET = logging.getLogger("mplab.grade.kernel")  # nbclient logs every timeout as an error
-_QUIET.addHandler(logging.NullHandler())
-_QUIET.propagate = False
 
 
 class GradingError(Exception):
@@ -145,208 +138,27 @@ def _lesson_module(nb, path: Path, key=None):
     return importlib.import_module(f"mplab.exercises.{name}")
 
 
-class _Kernel:
-    """One fresh kernel running the notebook's cells; thrown away when a cell hangs or kills it.
-
-    Closing it ends the processes the kernel left too (a cell that forks 1,000 sleepers, say:
-    RLIMIT_NPROC does not bind root). jupyter_client starts a kernel in a session of its own
-    (``start_new_session``: the kernel's pid is its session's and its process group's id) and,
-    shutting a live kernel down, kills that group; it kills nothing once the kernel has died
-    (``os._exit``, a limit's SIGKILL), and a child that left the group (``setpgid``) or the
-    session (``setsid``) escapes it. So after the shutdown :meth:`close` scans /proc and kills,
-    until none is left, every live process in the kernel's session or group and every one
-    started with this grading's environment (its own MPLAB_GRADE_LOG path, which no other
-    grading shares); it spares one that carries another grading's, should the kernel's pid
-    have been reused. A process that left the session and cleared its environment still
-    escapes: grade untrusted notebooks in a container (see :mod:`mplab.grade.classroom`).
-    """
-
-    def __init__(self, nb, cwd: Path, env: dict, startup_timeout: float, setup: str = ""):
-        self.client = NotebookClient(
-            nb, kernel_name="python3", resources={"metadata": {"path": str(cwd)}},
-            interrupt_on_timeout=False,  # a loop may swallow KeyboardInterrupt: kill instead
-            shutdown_kernel="immediate", startup_timeout=max(1, int(startup_timeout)), log=_QUIET,
-            # code the kernel runs in its own process before any cell (a class's limits)
-            extra_arguments=[f"--IPKernelApp.exec_lines={setup}"] if setup else [])
-        self._stack = contextlib.ExitStack()
-        # The kernel process's own stderr is kernel logging (a learner's prints come back as
-        # messages), so it stays out of the report.
-        self._stack.enter_context(self.client.setup_kernel(env=env, stderr=subprocess.DEVNULL))
-        provisioner = getattr(self.client.km, "provisioner", None)
-        self._pid = getattr(provisioner, "pid", None)  # its session's and its group's id
-        log = env.get(GRADE_LOG_ENV)
-        self._mark = f"{GRADE_LOG_ENV}={log}".encode() if log else None
-
-    def run(self, index: int, timeout: float) -> None:
-        """Run one cell; raises CellExecutionError, CellTimeoutError or DeadKernelError."""
-        self.client.timeout = max(1, int(timeout))
-        self.client.execute_cell(self.client.nb.cells[index], index)
-
-    def close(self) -> None:
-        """Shut the kernel down, then end every process it left (see the class's doc)."""
-        try:
-            with contextlib.suppress(Exception):  # the kernel may be dead already
-                self._stack.close()
-        finally:
-            self._end_left_behind()
-
-    def _left_behind(self) -> list[int] | None:
-        """The live processes this kernel left (None where there is no /proc to read)."""
-        try:
-            names = os.listdir("/proc")
-        except OSError:
-            return None
-        grade_log = GRADE_LOG_ENV.encode() + b"="
-        found = []
-        for name in names:
-            if not name.isdigit() or int(name) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    stat = f.read()
-                # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses
-                state, _, group, session = stat[stat.rindex(b")") + 2:].split()[:4]
-                if state in (b"Z", b"X"):  # dead already, its parent yet to read its status
-                    continue
-                with open(f"/proc/{name}/environ", "rb") as f:
-                    environ = f.read().split(b"\0")
-            except (OSError, ValueError):  # gone meanwhile, or not ours to read
-                continue
-            if self._mark is not None and self._mark in environ:
-                found.append(int(name))
-            elif (self._pid in (int(group), int(session))
-                  and not any(v.startswith(grade_log) for v in environ)):
-                found.append(int(name))
-        return found
-
-    def _end_left_behind(self, patience: float = 10.0) -> None:
-        import signal
-
-        deadline = time.monotonic() + patience
-        while True:
-            left = self._left_behind()
-            if left is None:  # no /proc: the kernel's group, as jupyter_client kills it
-                if self._pid:
-                    with contextlib.suppress(OSError):
-                        os.killpg(self._pid, signal.SIGKILL)
-                return
-            if not left or time.monotonic() > deadline:
-                return
-            for pid in left:  # a forking one's new children are found in the next round
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
-
-
-class _Run:
-    """Runs a notebook's code cells and keeps, in order, what happened: ("log", record) for
-    each line the exercises logged, ("problem", cell index, text) for each cell that failed."""
-
-    def __init__(self, nb, cwd: Path, log: Path, env: dict, deadline: float, cell_timeout: float,
-                 setup: str = ""):
-        self.nb, self.cwd, self.log, self.env, self.setup = nb, cwd, log, env, setup
-        self.deadline, self.cell_timeout = deadline, cell_timeout
-        self.kernel: _Kernel | None = None
-        self.succeeded: list[int] = []
-        self.events: list[tuple] = []
-        self._offset = 0
-
-    def _left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def _new_log_lines(self) -> list[dict]:
-        with open(self.log, encoding="utf-8") as f:
-            f.seek(self._offset)
-            text = f.read()
-        complete = text[:text.rfind("\n") + 1]  # a line cut off by a dying kernel waits
-        self._offset += len(complete.encode("utf-8"))
-        records = []
-        for line in complete.splitlines():
-            with contextlib.suppress(ValueError):
-                records.append(json.loads(line))
-        return records
-
-    def _start_kernel(self) -> None:
-        """A fresh kernel, brought to where the last one was by replaying what succeeded."""
-        self.kernel = _Kernel(self.nb, self.cwd, self.env, min(60, self._left()), self.setup)
-        for index in self.succeeded:
-            if self._left() < 1:
-                break
-            try:
-                self.kernel.run(index, min(self.cell_timeout, self._left()))
-            except CellExecutionError:
-                pass
-            except (CellTimeoutError, DeadKernelError):  # it did not misbehave the first time
-                self.kernel.close()
-                self.kernel = _Kernel(self.nb, self.cwd, self.env, min(60, self._left()),
-                                      self.setup)
-                break
-        self._new_log_lines()  # the replay's checks were already counted the first time
-
-    def _run_cell(self, index: int) -> str | None:
-        """Run one cell; what went wrong, or None."""
-        out_of_time = "not run: the grading time limit ran out before this cell"
-        try:
-            if self._left() < 1:
-                return out_of_time
-            if self.kernel is None:
-                self._start_kernel()
-            budget = min(self.cell_timeout, self._left())  # after any restart and replay
-            if budget < 1:
-                return out_of_time
-            self.kernel.run(index, budget)
-        except CellExecutionError as e:
-            return f"the cell raised {e.ename}: {e.evalue}"
-        except CellTimeoutError:
-            self._drop_kernel()
-            return ("the cell did not finish: " + (
-                f"it ran past the cell time limit ({self.cell_timeout:g} s)"
-                if budget == self.cell_timeout else "the grading time limit ran out"))
-        except DeadKernelError:
-            self._drop_kernel()
-            return "the cell killed the Python kernel"
-        except Exception as e:  # the kernel would not start or answer: still report the rest
-            self._drop_kernel()
-            return f"not run: the kernel failed ({type(e).__name__}: {e})"
-        self.succeeded.append(index)
-        return None
-
-    def _drop_kernel(self) -> None:
-        if self.kernel is not None:
-            self.kernel.close()
-            self.kernel = None
-
-    def run(self) -> None:
-        try:
-            for index, cell in enumerate(self.nb.cells):
-                if cell.cell_type != "code" or not cell.source.strip():
-                    continue
-                problem = self._run_cell(index)
-                self.events += [("log", record) for record in self._new_log_lines()]
-                if problem:
-                    self.events.append(("problem", index, problem))
-        finally:
-            self._drop_kernel()
-
-
 def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
                    with_solutions: bool = False, executed=None, env=None,
-                   kernel_setup: str = "", key=None) -> dict:
+                   kernel_setup: str = "", key=None, sandbox=None) -> dict:
     """Run a notebook in a fresh kernel and score its exercises.
 
     Returns ``{"notebook", "lesson", "total", "max", "exercises": [{"id", "status", "points",
     "max_points", "message", "solution_viewed", "attempts"}], "problems": [{"cell",
     "exercise", "problem"}], "flags": [{"cell", "exercise", "what", "line", "code"}],
-    "with_solutions", "elapsed_s"}``; status is one of "passed",
-    "failed", "not attempted", "error" (the last check's; "attempts" lists every check's, in
-    order); a problem's "cell" is its position in the notebook, counting from 1.
+    "with_solutions", "key", "sandbox", "elapsed_s"}``; status is one of "passed",
+    "failed", "not attempted", "error" (the last word on the exercise: its last check, regraded
+    here, or its cell's failure after it; "attempts" lists the statuses the grade log claimed
+    for the checks before, then the grader's); a problem's "cell" is its position in the
+    notebook, counting from 1. Text from the learner's kernel comes without control characters.
     `executed`: a path to also write the notebook as it ran, outputs included (what the
     learner's cells printed, for an instructor to read). `env`: variables the kernel gets on
     top of the grader's (a class's own HOME and TMPDIR); `kernel_setup`: Python the kernel runs
     in its own process before any cell (a class's limits: :mod:`mplab.grade.classroom`).
     `key`: the instructor's key folder (:mod:`mplab.exercises.release`), whose lesson modules
     decide the scores, hidden checks included; without it the installed mplab's own do, and
-    report["key"] says whether they hold a key at all.
+    report["key"] says whether they hold a key at all. `sandbox`: run the cells there instead
+    (:class:`mplab.grade.sandbox.Sandbox`; `env` and `executed` do not apply).
     Raises :class:`GradingError` for a missing file, a non-notebook, or no lesson.
     """
     if timeout <= 0 or cell_timeout <= 0:
@@ -363,46 +175,42 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
             if xid in lesson.EXERCISES:
                 nb.cells[i].source = lesson.EXERCISES[xid].solution_code
 
-    with tempfile.TemporaryDirectory(prefix="mplab-grade-") as tmp:
-        log = Path(tmp) / "grade.jsonl"
-        log.touch()
-        # The kernel grades with this same mplab, whatever the notebook's folder holds.
-        package_root = str(Path(mplab.__file__).resolve().parent.parent)
-        python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
-                                      if p)
-        seed = secrets.randbelow(2**31)  # hidden inputs are drawn afresh for every run
-        env = {**os.environ, **(env or {}), GRADING_ENV: "1", GRADE_LOG_ENV: str(log),
-               SEED_ENV: str(seed), "PYTHONPATH": python_path}
-        run = _Run(nb, path.resolve().parent, log, env, started + timeout, cell_timeout,
-                   kernel_setup)
-        run.run()
-    if executed is not None:
-        nbformat.write(nb, executed)
+    seed = secrets.randbelow(2**31)  # hidden inputs are drawn afresh for every run
+    outcome = Outcome(lesson.EXERCISES, cell_exercise)
+    if sandbox is not None:
+        sandbox.run(path, outcome, seed=seed, deadline=started + timeout,
+                    cell_timeout=cell_timeout, setup=kernel_setup)
+    else:
+        with tempfile.TemporaryDirectory(prefix="mplab-grade-") as tmp:
+            log = Path(tmp) / "grade.jsonl"
+            log.touch()
+            # The kernel grades with this same mplab, whatever the notebook's folder holds.
+            package_root = str(Path(mplab.__file__).resolve().parent.parent)
+            python_path = os.pathsep.join(
+                p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+            env = {**os.environ, **(env or {}), GRADING_ENV: "1", GRADE_LOG_ENV: str(log),
+                   SEED_ENV: str(seed), "PYTHONPATH": python_path}
+            Run(nb, path.resolve().parent, log, env, started + timeout, cell_timeout, outcome,
+                 kernel_setup).run()
+        if executed is not None:
+            nbformat.write(nb, executed)
 
-    rows = {xid: {"id": xid, "status": "not attempted", "points": 0, "max_points": ex.points,
-                  "message": f'Never checked: no cell ran ex.check("{xid}", ...).',
-                  "solution_viewed": False, "attempts": []}
-            for xid, ex in lesson.EXERCISES.items()}
-    problems = []
-    for event in run.events:  # in order: the last word on each exercise counts
-        if event[0] == "log":
-            record = event[1]
-            row = rows.get(str(record.get("id")))
-            if row is None:
-                continue
-            if record.get("event") == "solution":
-                row["solution_viewed"] = True
-            elif record.get("event") == "check":
-                _regrade(lesson, row, record, flags, seed)
-        else:
-            _, index, problem = event
-            xid = cell_exercise.get(index)
-            problems.append({"cell": index + 1, "exercise": xid, "problem": problem})
-            if xid in rows:
-                rows[xid].update(status="error", points=0, message=problem[0].upper() + problem[1:])
+    rows = {}
+    for xid, ex in lesson.EXERCISES.items():
+        row = {"id": xid, "status": "not attempted", "points": 0, "max_points": ex.points,
+               "message": f'Never checked: no cell ran ex.check("{xid}", ...).',
+               "solution_viewed": xid in outcome.viewed, "attempts": outcome.claimed[xid]}
+        last = outcome.last.get(xid)
+        if last is not None and last[0] == "check":  # only the last word is regraded
+            _regrade(lesson, row, last[1], flags, seed)
+        elif last is not None:
+            row.update(status="error", points=0, message=last[1][0].upper() + last[1][1:])
+        rows[xid] = row
+    problems = [{"cell": index + 1, "exercise": cell_exercise.get(index), "problem": text}
+                for index, text in outcome.problems]
 
     exercises_out = list(rows.values())
-    return {
+    return clean({
         "notebook": str(path),
         "lesson": lesson.__name__.rsplit(".", 1)[-1],
         "total": sum(r["points"] for r in exercises_out),
@@ -413,8 +221,9 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
         "with_solutions": with_solutions,
         "key": (str(key) if key is not None else "installed mplab"
                 if any(e.key for e in lesson.EXERCISES.values()) else "none"),
+        "sandbox": sandbox.name if sandbox is not None else "none",
         "elapsed_s": round(time.monotonic() - started, 1),
-    }
+    })
 
 
 def _regrade(lesson, row: dict, record: dict, flags: list, seed: int) -> None:
@@ -427,7 +236,7 @@ def _regrade(lesson, row: dict, record: dict, flags: list, seed: int) -> None:
         result = lesson.LESSON.regrade(xid, record["function"] if function else
                                        record.get("answer"), seed=seed, function=function)
     except ValueError as e:  # a record with no answer the grader can read: a forged line?
-        row["attempts"].append("error")
+        row["attempts"] = row["attempts"] + ["error"]
         if function and record.get("status") == "error":
             # the kernel's check itself stopped early (out of memory, say), so its record of
             # the calls is short: its own error, which scores nothing anyway, is the report
@@ -438,15 +247,15 @@ def _regrade(lesson, row: dict, record: dict, flags: list, seed: int) -> None:
         flags.append({"cell": None, "exercise": xid, "what": "grade log", "line": None,
                       "code": f"a log record for {xid} that carries no answer: {e}"})
         return
-    row["attempts"].append(result.status)
+    row["attempts"] = row["attempts"] + [result.status]
     row.update(status=result.status, points=result.points, message=result.message)
     # the kernel's verdict on a function answer leaves the hidden checks to the grader
     hidden_only = record.get("status") == "passed" and result.message.startswith(
         exercises.HIDDEN_FAILED)
     if record.get("status") != result.status and not hidden_only:
         flags.append({"cell": None, "exercise": xid, "what": "grade log", "line": None,
-                      "code": f"the log says {xid} {record.get('status')!r}; its answer, "
-                              f"checked by the grader, is {result.status!r}"})
+                      "code": f"the log says {xid} {str(record.get('status'))[:40]!r}; its "
+                              f"answer, checked by the grader, is {result.status!r}"})
 
 
 def report_table(report: dict) -> Table:
@@ -483,6 +292,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--key", metavar="DIR",
                         help="the instructor's key folder (python -m mplab.exercises release "
                              "OUT --key DIR): reference answers and hidden checks from there")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="grade a folder's notebooks without a sandbox each (only for "
+                             "notebooks you trust: each kernel runs as you, with your files)")
     parser.add_argument("--with-solutions", action="store_true",
                         help="replace each exercise cell with its reference solution")
     parser.add_argument("--executed", metavar="FILE",

@@ -16,12 +16,14 @@ credit would want them shown:
 - "solution module": importing a lesson's internals or the grader (``from
   mplab.exercises.lesson1 import ...``, ``mplab.grade``);
 - "outside files": opening or listing a path outside the submission's own folder (absolute,
-  ``~`` or ``..``): another submission's, or the key's.
+  ``~`` or ``..``): another submission's, or the key's;
+- "shell": a command for the shell (``!cmd``, ``%%bash``, ``%sx``, ``get_ipython().system``,
+  ``os.system``).
 
 Flagged, not failed: a flag is evidence for the instructor, who decides. What syntax cannot see
 (code built from strings and run with exec, say) it cannot flag: ``exec`` and ``eval`` are
-flagged as "patches" for that reason. A cell that is not Python (a shell escape, a magic) is
-read without its lines that start with ``%`` or ``!``.
+flagged as "patches" for that reason. A cell's shell escapes and magics are read for "shell",
+then the rest as Python.
 """
 
 from __future__ import annotations
@@ -30,11 +32,24 @@ import ast
 
 __all__ = ["tamper_flags", "KINDS"]
 
-KINDS = ("grade log", "patches", "answer key", "solution module", "outside files")
+KINDS = ("grade log", "patches", "answer key", "solution module", "outside files", "shell")
 _FILE_CALLS = {"open", "Path", "listdir", "scandir", "glob", "iglob", "walk", "copy",
                "copyfile", "copytree", "read_text", "read_bytes", "rmtree", "remove"}
 _KEY_ATTRS = {"solution", "solution_code", "key", "_check", "hidden"}
 _PATCH_CALLS = {"setattr", "delattr", "exec", "eval", "__import__"}
+_SHELL_MAGICS = {"bash", "sh", "script", "system", "sx", "perl", "ruby", "zsh"}
+_SHELL_CALLS = {"system", "getoutput", "run_cell_magic", "run_line_magic"}
+
+
+def _shell_lines(cell_source: str) -> list[int]:
+    """The lines (from 1) that run a shell command: ``!cmd``, ``%%bash``, ``%sx cmd``."""
+    found = []
+    for number, line in enumerate(cell_source.splitlines(), 1):
+        text = line.lstrip()
+        magic = text.lstrip("%").split(maxsplit=1)[0] if text.startswith("%") else ""
+        if text.startswith("!") or magic in _SHELL_MAGICS:
+            found.append(number)
+    return found
 
 
 def _source(cell_source: str) -> str:
@@ -87,6 +102,10 @@ def _cell_flags(tree: ast.AST, watched: set[str], ours: set[str]) -> list[tuple[
                 found.append(("answer key", node))
             elif isinstance(node.ctx, ast.Store | ast.Del) and root in ours:
                 found.append(("patches", node))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                node.func.attr in _SHELL_CALLS and "get_ipython" in ast.unparse(node.func.value)
+                or _dotted(node.func) in ("os.system", "os.popen")):  # get_ipython().system
+            found.append(("shell", node))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
                 node.func.id in _PATCH_CALLS):
             found.append(("patches", node))
@@ -132,14 +151,18 @@ def tamper_flags(nb, watched_env=(), exercise_of=None) -> list[dict]:
         if cell.cell_type != "code":
             continue
         source = _source(cell.source)
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue  # it cannot run either: the grader reports the cell's error
-        lines = source.splitlines()
+        lines = cell.source.splitlines()
+        found = [("shell", line) for line in _shell_lines(cell.source)]
+        first = lines[0].lstrip() if lines else ""
+        if not (first.startswith("%%") and _shell_lines(first)):  # a shell cell is no Python
+            try:
+                tree = ast.parse(source)
+                found += [(what, getattr(node, "lineno", 1))
+                          for what, node in _cell_flags(tree, watched, _exercise_names(tree))]
+            except SyntaxError:
+                pass  # it cannot run either: the grader reports the cell's error
         seen = set()
-        for what, node in _cell_flags(tree, watched, _exercise_names(tree)):
-            line = getattr(node, "lineno", 1)
+        for what, line in found:
             if (what, line) in seen:
                 continue
             seen.add((what, line))
