@@ -9,7 +9,10 @@ import torch
 from conftest import failed_saying
 
 from mplab.exercises import lesson2 as ex
+from mplab.exercises.answers import code_names
 from mplab.fixtures import lesson_capture
+from mplab.numerics import casts
+from mplab.numerics.casts import cast_stats as measure
 from mplab.numerics.formats import dtype_of
 from mplab.widgets.lesson2 import swamping_demo
 
@@ -160,17 +163,65 @@ def test_2_5_public_and_hidden_checks(monkeypatch):
     assert ex.check("2.5", right(*ex.PUBLIC_2_5[0])).status == "failed"  # called, not passed
 
 
-def test_2_5_is_not_answered_by_the_library_call_the_lesson_shows_above_it(monkeypatch):
-    from mplab.numerics import casts
+def wraps_mplab(t, dtype, scale):  # gives the right numbers: cast_stats is the reference
+    return casts.cast_stats(t, dtype, scale).lost_frac
 
-    def wraps_mplab(t, dtype, scale):  # gives the right numbers: cast_stats is the reference
-        return casts.cast_stats(t, dtype, scale).lost_frac
 
-    assert ex.reference_lost_fraction(*ex.PUBLIC_2_5[0]) == wraps_mplab(*ex.PUBLIC_2_5[0])
-    failed_saying(ex.check("2.5", wraps_mplab), "mplab's own measurement", "cast_stats")
-    monkeypatch.setenv("MPLAB_GRADING", "1")
-    assert ex.check("2.5", wraps_mplab).status == "failed"
-    assert ex.check("2.5", right).passed
+def imported_earlier(t, dtype, scale):  # a name bound before the check: no attribute to patch
+    return measure(t, dtype, scale).lost_frac
+
+
+def through_getattr(t, dtype, scale):  # its code names no part of the library
+    stats = getattr(casts, "cast_" + "stats")(t, dtype, scale)
+    return stats.underflow / stats.nonzero if stats.nonzero else 0.0
+
+
+def sorted_magnitudes(t, dtype, scale):
+    return getattr(casts, "Magni" + "tudes")(t).stats(dtype, scale, rel_error=False).lost_frac
+
+
+def from_the_sweep(t, dtype, scale):
+    return casts.scale_sweep(t, dtype, [scale]).rows[0]["lost (of nonzero)"]
+
+
+def from_a_thread(t, dtype, scale):  # the stand-in is global: another thread gets it too
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(wraps_mplab, t, dtype, scale).result()
+
+
+MPLABS = [wraps_mplab, imported_earlier, through_getattr, sorted_magnitudes, from_the_sweep,
+          from_a_thread]
+lost_frac = 0.0  # a learner's own global of that name: its code names it, and it is honest
+
+
+def named_like_the_library(t, dtype, scale):
+    global lost_frac
+    lost_frac = right(t, dtype, scale)
+    return lost_frac
+
+
+@pytest.mark.parametrize("answer", MPLABS, ids=lambda f: f.__name__)
+def test_2_5_an_answer_that_relies_on_mplabs_measurement_fails_on_its_outputs(answer,
+                                                                             graded_apart):
+    """However it reaches cast_stats (or Magnitudes), its outputs are right outside the check
+    and wrong inside it, in the kernel and so in the grader's replay of the record."""
+    for case in [*ex.PUBLIC_2_5, *ex._hidden_2_5(7)][::5]:
+        assert answer(*case) == pytest.approx(ex.reference_lost_fraction(*case), abs=1e-6)
+    failed_saying(ex.check("2.5", answer), "mplab's own measurement", "cast_stats")
+    kernel, grader = graded_apart("2.5", answer)
+    failed_saying(kernel, "mplab's own measurement")
+    assert (grader.status, grader.message) == (kernel.status, kernel.message)
+    assert casts.cast_stats(torch.tensor([1e-9, 1.0]), "fp16").lost_frac == 0.5  # restored
+
+
+def test_2_5_a_name_alone_decides_nothing(graded_apart, monkeypatch):
+    assert "lost_frac" in code_names(named_like_the_library)
+    kernel, grader = graded_apart("2.5", named_like_the_library)
+    assert kernel.passed and grader.passed and grader.message.startswith("Passed: public and")
+    monkeypatch.setattr(ex, "reference_lost_fraction", lambda t, d, s: 0.5)  # can fail
+    failed_saying(ex.check("2.5", named_like_the_library), "mplab's own measurement")
 
 
 def test_2_5_prompt_names_each_dtype_as_the_checks_use_it():

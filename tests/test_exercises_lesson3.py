@@ -5,6 +5,7 @@ import functools
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import failed_saying, run_cell
 
@@ -207,18 +208,104 @@ def _through_the_kernel(scale, tracker, found_inf, growth_factor, backoff_factor
     return s.item(), int(t.item())
 
 
+SAVED = torch._amp_update_scale_, torch._amp_foreach_non_finite_check_and_unscale_
+
+
+def _saved_earlier(scale, tracker, found_inf, growth_factor, backoff_factor, interval):
+    s, t = torch.tensor([scale]), torch.tensor([tracker], dtype=torch.int32)
+    SAVED[0](s, t, torch.tensor([float(found_inf)]), growth_factor, backoff_factor, interval)
+    return s.item(), int(t.item())
+
+
+def _through_torch_ops(scale, tracker, found_inf, growth_factor, backoff_factor, interval):
+    s, t = torch.tensor([scale]), torch.tensor([tracker], dtype=torch.int32)
+    torch.ops.aten._amp_update_scale_(s, t, torch.tensor([float(found_inf)]), growth_factor,
+                                      backoff_factor, interval)
+    return s.item(), int(t.item())
+
+
+def _in_a_thread(*case):  # a dispatch mode is per thread; the dispatcher's override is not
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(_saved_earlier, *case).result()
+
+
+def _through_a_gradscaler(scale, tracker, found_inf, growth_factor, backoff_factor, interval,
+                          kind=torch.amp.GradScaler):
+    scaler = kind("cpu", init_scale=scale, growth_factor=growth_factor,
+                  backoff_factor=backoff_factor, growth_interval=interval)
+    scaler.load_state_dict({**scaler.state_dict(), "_growth_tracker": tracker})
+    w = torch.nn.Parameter(torch.ones(1))
+    scaler.scale(w.sum()).backward()
+    if found_inf:
+        w.grad.fill_(math.nan)
+    scaler.step(torch.optim.SGD([w], lr=0.0))
+    scaler.update()
+    return scaler.get_scale(), int(scaler.state_dict()["_growth_tracker"])
+
+
+def _through_mplabs_twin(*case):  # mplab's GradScaler spells the kernel out: poisoned too
+    return _through_a_gradscaler(*case, kind=GradScaler)
+
+
 def _unscaled_by_the_kernel(grads, inv_scale):
     found = torch.zeros(1)
     torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv_scale.reshape(1))
     return bool(found.item())
 
 
-def test_3_1_and_3_5_refuse_an_answer_that_calls_the_kernel_it_is_checked_against():
-    """A learner who wraps torch's kernel wrote nothing of the rule: the check says so, and
-    torch's kernels are torch's own again afterwards."""
-    kernels = torch._amp_update_scale_, torch._amp_foreach_non_finite_check_and_unscale_
-    failed_saying(ex.check("3.1", _through_the_kernel), "calls torch._amp_update_scale_",
-                  "write what it does")
-    failed_saying(ex.check("3.5", _unscaled_by_the_kernel),
-                  "calls torch._amp_foreach_non_finite_check_and_unscale_")
-    assert (torch._amp_update_scale_, torch._amp_foreach_non_finite_check_and_unscale_) == kernels
+def _unscaled_in_a_thread(grads, inv_scale):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(_unscaled_by_the_kernel, grads, inv_scale).result()
+
+
+def _unscaled_by_a_gradscaler(grads, inv_scale, kind=torch.amp.GradScaler):
+    if not grads:
+        return False
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads):
+        p.grad = g  # the scaler unscales these very tensors, in place
+    scaler = kind("cpu", init_scale=1 / inv_scale.item())  # exact for a power of two
+    scaler.scale(torch.ones(()))
+    optimizer = torch.optim.SGD(params, lr=0.0)
+    scaler.unscale_(optimizer)
+    return any(bool(f) for f in scaler._found_inf_per_device(optimizer).values())
+
+
+def _unscaled_by_mplabs_twin(grads, inv_scale):
+    return _unscaled_by_a_gradscaler(grads, inv_scale, kind=GradScaler)
+
+
+UPDATES = [_through_the_kernel, _saved_earlier, _through_torch_ops, _in_a_thread,
+           _through_a_gradscaler, _through_mplabs_twin]
+UNSCALES = [_unscaled_by_the_kernel, _unscaled_in_a_thread, _unscaled_by_a_gradscaler,
+            _unscaled_by_mplabs_twin]
+
+
+@pytest.mark.parametrize("answer", UPDATES, ids=lambda f: f.__name__)
+def test_3_1_an_answer_that_calls_the_kernel_fails_on_its_outputs(answer, graded_apart):
+    """However it reaches torch's kernel (or mplab's twin of it), the answer is torch's rule
+    outside the check, and inside it gives the poison's NaN scale: wrong outputs, in the kernel
+    and so in the grader's replay of the record; torch's kernel is its own again after."""
+    for case in ex.PUBLIC_3_1 + ex._hidden_3_1(5)[:12]:
+        assert answer(*case) == ex.torch_update(*case)
+    kernel, grader = graded_apart("3.1", answer)
+    failed_saying(kernel, "calls torch._amp_update_scale_", "write what it does")
+    assert (grader.status, grader.message) == (kernel.status, kernel.message)
+    assert (torch._amp_update_scale_, torch._amp_foreach_non_finite_check_and_unscale_) == SAVED
+    assert _through_the_kernel(*ex.PUBLIC_3_1[2]) == (131072.0, 0)  # torch's own again
+
+
+@pytest.mark.parametrize("answer", UNSCALES, ids=lambda f: f.__name__)
+def test_3_5_an_answer_that_calls_the_kernel_fails_on_its_outputs(answer, graded_apart):
+    for grads, scale in ex.PUBLIC_3_5:  # powers of two: a scaler's inverse is exact
+        mine, ref = [g.clone() for g in grads], [g.clone() for g in grads]
+        assert answer(mine, ex._inv(scale)) == ex.torch_unscale(ref, ex._inv(scale))
+        assert all(torch.equal(ex._bits(a), ex._bits(b)) for a, b in zip(mine, ref))
+    kernel, grader = graded_apart("3.5", answer)
+    failed_saying(kernel, "calls torch._amp_foreach_non_finite_check_and_unscale_")
+    assert (grader.status, grader.message) == (kernel.status, kernel.message)
+

@@ -115,13 +115,14 @@ def test_5_1_feedback_names_what_the_loop_did_not_hand_accelerate():
                   "accelerate launch")
 
 
-def test_5_1_a_plain_loss_backward_is_caught_though_the_weights_agree():
+def test_5_1_a_plain_loss_backward_agrees_in_bf16_and_is_caught_by_the_fp16_runs_weights():
     learner = loop(backward="loss.backward()")
     run, reference = ex.LoopRun(learner), ex.LoopRun(loop())
-    assert run.same_weights(reference)  # bf16 on one process: identical, so watch the calls
+    assert run.same_weights(reference)  # bf16 on one process: identical, so a second run
     assert (run.backward_calls, reference.backward_calls) == (0, 3)
-    failed_saying(ex.check("5.1", learner), "loss.backward()", "scaled for fp16",
-                  "gradient accumulation")
+    assert not ex.LoopRun(learner, **ex.AS_GPU).same_weights(ex.LoopRun(loop(), **ex.AS_GPU))
+    failed_saying(ex.check("5.1", learner), "fp16 loss scaling", "loss.backward()",
+                  "scaled for fp16", "gradient accumulation")
 
 
 def test_5_1_feedback_for_a_loop_that_steps_wrong():
@@ -161,10 +162,11 @@ def three_batches_only(accelerator, model, optimizer, dataloader):
         optimizer.zero_grad()
 
 
-def test_5_1_the_hidden_check_runs_fp32_on_other_weights_and_more_batches(monkeypatch):
-    assert ex.check("5.1", three_batches_only).passed  # the public check has 3 batches
+def test_5_1_the_hidden_check_runs_on_other_weights_and_more_batches(monkeypatch):
+    assert ex.check("5.1", three_batches_only).passed  # the public runs have 3 batches
     monkeypatch.setenv("MPLAB_GRADING", "1")
-    failed_saying(ex.check("5.1", three_batches_only), "hidden check", 'mixed_precision="no"')
+    failed_saying(ex.check("5.1", three_batches_only), "hidden check", "4 batches of 4",
+                  "backward ran 3 times for 4 batches")
     assert ex.check("5.1", loop()).passed
 
 
@@ -176,29 +178,83 @@ def test_5_1_runs_leave_accelerates_state_fresh_for_the_notebook():
         assert Accelerator(mixed_precision="no", cpu=True).mixed_precision == "no"
 
 
+def unwatched(accelerator, model, optimizer, dataloader):
+    """The course's loop through Accelerator's own methods: what it hands them goes unnoted."""
+    model, optimizer, dataloader = type(accelerator).prepare(accelerator, model, optimizer,
+                                                             dataloader)
+    for batch in dataloader:
+        type(accelerator).backward(accelerator, model(**batch).loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def forged(accelerator, model, optimizer, dataloader):
+    """Hands everything to prepare (and notes a backward), then trains what it was given."""
+    from mplab.exercises.answers import note
+
+    accelerator.prepare(model, optimizer, dataloader)
+    for batch in dataloader:
+        note("backward")
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 LOOPS = {"the course's": dict(), "nothing prepared": dict(prepare=""),
          "the model not prepared": dict(prepare="optimizer, dataloader"),
+         "the optimizer not prepared": dict(prepare="model, dataloader"),
+         "the dataloader not prepared": dict(prepare="model, optimizer"),
          "loss.backward()": dict(backward="loss.backward()"),
          "no zero_grad": dict(zero_grad=False), "no step": dict(step=False),
          "two backwards": dict(extra="accelerator.backward(model(**batch).loss)"),
-         "a scaler kept": dict(backward="scaler.scale(loss).backward()")}
+         "a scaler kept": dict(backward="scaler.scale(loss).backward()"),
+         "accelerator's scaler": dict(backward="accelerator.scaler.scale(loss).backward()")}
+#: The run whose weights each wrong loop changes (the bf16 run's ones are there too).
+CAUGHT_BY = {"nothing prepared": "bf16", "the model not prepared": "bf16",
+             "no zero_grad": "bf16", "no step": "bf16", "two backwards": "bf16",
+             "the optimizer not prepared": "fp16", "the dataloader not prepared": "fp16",
+             "loss.backward()": "fp16", "accelerator's scaler": "fp16", "forged": "fp16"}
 
 
-@pytest.mark.parametrize("name", [*LOOPS, "three batches only"])
+def named(name):
+    return {"three batches only": three_batches_only, "unwatched": unwatched,
+            "forged": forged}.get(name) or loop(**LOOPS[name])
+
+
+@pytest.mark.parametrize("name", CAUGHT_BY)
+def test_5_1_each_wrong_loop_changes_the_weights_of_a_run(name):
+    """Only the weights decide: each wrong loop ends with weights other than the course
+    loop's in the run that catches it (and the same in the bf16 run where it hides)."""
+    runs = {"bf16": {}, "fp16": ex.AS_GPU}
+    learner, settings = named(name), runs[CAUGHT_BY[name]]
+    assert not ex.LoopRun(learner, **settings).same_weights(ex._reference_run(**settings))
+    if CAUGHT_BY[name] == "fp16" and name != "accelerator's scaler":  # bf16 has none
+        assert ex.LoopRun(learner).same_weights(ex._reference_run())
+    assert not ex.check("5.1", learner).passed
+
+
+def test_5_1_notes_decide_nothing_a_loop_that_leaves_none_passes():
+    run = ex.LoopRun(unwatched, **ex.AS_GPU)
+    assert (run.prepared, run.backward_calls) == ([], 0)
+    assert run.same_weights(ex._reference_run(**ex.AS_GPU))
+    assert ex.check("5.1", unwatched).passed
+    result = ex.check("5.1", forged)  # notes all it should, trains what it was given
+    failed_saying(result, "fp16 loss scaling", "weights differ")
+
+
+@pytest.mark.parametrize("name", [*LOOPS, "three batches only", "unwatched", "forged"])
 def test_5_1_the_grader_decides_from_the_record_of_the_loop(name, graded_apart):
-    """The kernel's record keeps what the loop handed Accelerate (notes its watched prepare
-    and backward make) and the weights it left; the grader replays that into its own run,
-    hidden one included, and compares with the course's loop run there: the kernel's verdict,
-    and on the hidden run's weights drawn for each grading, the grader's own."""
-    learner = loop(**LOOPS[name]) if name in LOOPS else three_batches_only
-    kernel, grader = graded_apart("5.1", learner)
+    """The kernel's record keeps the weights each run left (and the notes its watched prepare
+    and backward made, which only choose the message); the grader replays them into its own
+    runs, hidden one included, and compares with the course's loop run there: the kernel's
+    verdict, and on the hidden run's weights drawn for each grading, the grader's own."""
+    kernel, grader = graded_apart("5.1", named(name))
     if name == "three batches only":  # the kernel ran the hidden run; the grader judged it
         assert kernel.passed and grader.status == "failed"
-        assert grader.message.startswith(HIDDEN_FAILED) and 'mixed_precision="no"' in \
-            grader.message
+        assert grader.message.startswith(HIDDEN_FAILED) and "4 batches of 4" in grader.message
     else:
         assert (grader.status, grader.points) == (kernel.status, kernel.points)
-        assert grader.passed == (name == "the course's")
+        assert grader.passed == (name in ("the course's", "unwatched"))
         if not grader.passed:  # a pass says which checks ran: the grader ran the hidden one
             assert grader.message == kernel.message
 

@@ -98,6 +98,66 @@ def test_7_5_unscale_twice_is_torchs_refusal():
     assert "torch refused" in message("7.5", twice)
 
 
+STEP_7_5 = """def train_step(model, optimizer, scaler, micro_batches, autocast):
+    for micro in micro_batches:
+        with autocast:
+            loss = model(**micro).loss / len(micro_batches)
+        scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+{step}
+    optimizer.zero_grad()"""
+
+
+def step_7_5(step: str):
+    from mplab.exercises.answers import note
+
+    namespace = {"note": note}
+    exec("import torch\n" + STEP_7_5.format(step=step), namespace)
+    return namespace["train_step"]
+
+
+#: The optimizer stepped behind the scaler's back (and its calls' notes forged), the scaler's
+#: calls made through its class (no notes at all), an update too many.
+OPTIMIZER_STEP = "    optimizer.step()\n    scaler.update()"
+FORGED = "    note('scaler.step')\n    optimizer.step()\n    scaler.update()"
+UNNOTED = "    type(scaler).step(scaler, optimizer)\n    type(scaler).update(scaler)"
+EXTRA_UPDATE = ("    scaler.step(optimizer)\n    scaler.update()\n"
+                "    type(scaler).update(scaler, scaler.get_scale() * 2)")
+
+
+def test_7_5_the_first_step_overflows_and_a_correct_loop_skips_it():
+    trials = ex._trials_7_5()
+    before = [p.detach().clone() for p in trials[0][0].parameters()]
+    ex._reference_7_5(*trials[0])  # the first step: its gradients overflow at 2**40
+    assert all(torch.equal(a, b) for a, b in zip(before, trials[0][0].parameters()))
+    assert trials[0][2].get_scale() == 2.0**10  # backed off for the next steps
+    weights, states = ex._reference_run_7_5()
+    assert [(s["scale"], s["_growth_tracker"]) for s in states] == [(2.0**10, i) for i in
+                                                                     range(3)]
+    assert not all(torch.equal(a, b) for a, b in zip(before, weights))  # the next two train
+
+
+@pytest.mark.parametrize("step, words", [(OPTIMIZER_STEP, ["scaler.step ran 0×", "overflowed"]),
+                                         (FORGED, ["After 3 steps"]),
+                                         (EXTRA_UPDATE, ["After 3 steps"])],
+                         ids=["optimizer.step", "forged notes", "extra update"])
+def test_7_5_a_wrong_step_fails_on_its_weights_or_scaler_whatever_its_notes(step, words,
+                                                                            graded_apart):
+    learner = step_7_5(step)
+    weights, states, _ = ex._run_7_5(learner)
+    assert (not all(torch.equal(a, b) for a, b in zip(weights, ex._reference_run_7_5()[0]))
+            or states != ex._reference_run_7_5()[1])
+    kernel, grader = graded_apart("7.5", learner)
+    assert kernel.status == grader.status == "failed" and grader.message == kernel.message
+    assert all(w in kernel.message for w in words), kernel.message
+
+
+def test_7_5_a_right_step_passes_though_it_leaves_no_notes(graded_apart):
+    kernel, grader = graded_apart("7.5", step_7_5(UNNOTED))
+    assert kernel.passed and grader.passed
+
+
 def test_7_3_a_plain_cast_and_a_biased_rounding_are_caught():
     assert "plain cast" in message("7.3", lambda x, g: x.to(torch.bfloat16))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mplab.exercises import lesson1
+from mplab.grade import sandbox
 from mplab.grade.classroom import Limits, grade_class, gradebook_rows
 from mplab.grade.sandbox import unavailable
 
@@ -51,10 +52,17 @@ class Most:
         return self.seen
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["sandboxed", "no-sandbox"])
+@pytest.fixture(scope="module", params=["cgroups", "polled", "none"],
+                ids=["sandboxed", "sandboxed-without-cgroups", "no-sandbox"])
 def klass(request, tmp_path_factory):
-    if request.param and unavailable():
+    """The class, graded in sandboxes (held by cgroups where the grader may make them, as on
+    CI, or by the grader's polling alone, as where it may not) or without."""
+    if request.param != "none" and unavailable():
         pytest.fail(f"this machine cannot make a grading sandbox: {unavailable()}")
+    patch = pytest.MonkeyPatch()
+    if request.param == "polled":
+        patch.setattr(sandbox._Cgroups, "__init__", lambda self, limits: setattr(
+            self, "folders", {}))
     folder = tmp_path_factory.mktemp("submissions")
     ids = list(lesson1.EXERCISES)
     key = submission(folder, "key", dict.fromkeys(ids))
@@ -70,8 +78,11 @@ def klass(request, tmp_path_factory):
     (folder / "notes.ipynb").write_text("not a notebook")
     most = Most()
     # 20 s a cell: a cell that imports torch on a loaded machine takes some of it
-    reports = grade_class(folder, jobs=2, limits=Limits(memory_gb=6, file_mb=16),
-                          cell_timeout=20, progress=False, sandbox=request.param)
+    try:
+        reports = grade_class(folder, jobs=2, limits=Limits(memory_gb=6, file_mb=16),
+                              cell_timeout=20, progress=False, sandbox=request.param != "none")
+    finally:
+        patch.undo()
     by = {Path(r["notebook"]).stem: r for r in reports}
     by["most forked alive"] = most.stop()
     return folder, by

@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["GradScaler", "Stage", "UpdateRecord"]
+__all__ = ["GradScaler", "Stage", "UpdateRecord", "found_inf_in"]
 
 HISTORY_FLUSH = 256  # pending history entries copied to the host in one sync
 
@@ -310,7 +310,7 @@ class GradScaler:
 
             found_inf_per_device = {}
             for device, grads in grads_by_device.items():
-                found_inf_per_device[device] = _found_inf(grads, device)  # before unscaling
+                found_inf_per_device[device] = found_inf_in(grads, device)  # before unscaling
                 if inv_scale is not None:
                     torch._foreach_mul_(grads, inv_scale.to(device, non_blocking=True))
         if self._process_group is not None:
@@ -553,7 +553,7 @@ class GradScaler:
         return self._per_optimizer_states[id(optimizer)].found_inf_per_device
 
 
-def _found_inf(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+def found_inf_in(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """1.0 if any of ``grads`` holds an inf or NaN, else 0.0, exactly and without a sync.
 
     Every value is finite exactly when the smallest and the largest are: min and max propagate

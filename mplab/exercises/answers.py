@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 __all__ = ["MAX_ANSWER_BYTES", "SEED_ENV", "grade_seed", "pack_answer", "unpack_answer",
            "Recording", "Replay", "RecordIncomplete", "watching", "note", "code_names",
-           "copied"]
+           "copied", "stood_in"]
 
 #: The largest answer a log record carries (a tensor of a million floats).
 MAX_ANSWER_BYTES = 1 << 22
@@ -191,6 +191,29 @@ def code_names(fn) -> set[str]:
             names |= set(code.co_names)
             todo += [c for c in code.co_consts if hasattr(c, "co_names")]
     return names
+
+
+@contextlib.contextmanager
+def stood_in(fn, swaps):
+    """While the learner's `fn` runs inside, each (function, stand_in) pair runs the stand-in's
+    code however the function is reached (its module's attribute, a name imported earlier,
+    getattr, a method), and its own again after. A check makes what an exercise asks the
+    learner to write give poisoned results this way, so an answer that calls it fails on its
+    outputs, which is all the grader sees. A stand-in runs with the function's globals and
+    defaults: it names only builtins and those. A :class:`Replay` runs no learner code: nothing
+    is swapped in the grader, whose reference calls the real functions (a class grades in
+    threads)."""
+    if isinstance(fn, Replay):
+        yield
+        return
+    saved = [(f, f.__code__) for f, _ in swaps]
+    try:
+        for f, stand_in in swaps:
+            f.__code__ = stand_in.__code__
+        yield
+    finally:
+        for f, code in saved:
+            f.__code__ = code
 
 
 _SCALER_STATE = ("_scale", "_growth_tracker")  # what a step changes in a GradScaler

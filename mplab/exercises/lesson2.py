@@ -11,11 +11,12 @@ model's, not a textbook's.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
-from mplab.exercises.answers import code_names
+from mplab.exercises.answers import code_names, stood_in
 from mplab.exercises.framework import (
     Exercise,
     Incorrect,
@@ -230,52 +231,95 @@ def _describe(t: torch.Tensor) -> str:
         f" {t.tolist()}" if t.numel() <= 6 else "")
 
 
-def _lost_matches(fn, cases) -> str | None:
-    for t, dtype, scale in cases:
-        shown = f"lost_fraction(<{_describe(t)}>, {dtype}, {scale:g})"
-        got = call(fn, t.clone(), dtype, scale, what=shown)
-        if got is None:
-            return f"{shown} returned None: is a return statement missing?"
-        got = as_number(got, what=f"what {shown} returned")
-        want = reference_lost_fraction(t, dtype, scale)
-        if math.isnan(got):
-            return (f"{shown} returned NaN. A tensor with no nonzero finite values has lost "
-                    "none of them: return 0.0 there.")
-        if abs(got - want) > TOL_2_5:
-            zeros = t.float() == 0
-            of_all = cast_stats(t, dtype, scale).underflow_frac
-            if abs(got - of_all) <= TOL_2_5 and bool(zeros.any()):
-                why = ("that is a share of all values; divide by the nonzero finite ones "
-                       "(the zeros were zero before the cast).")
-            elif got > want:
-                why = ("too many counted as lost: only values that were nonzero (and finite) "
-                       "before the cast and are 0 after it count; an inf or NaN is not lost.")
-            else:
-                why = ("too few counted as lost: multiply in fp32 first (t.float() * scale), "
-                       "then cast with .to(dtype), and compare with 0.")
-            return f"{shown} gave {got:.6g}: {why} (Compared within {TOL_2_5:g}.)"
-    return None
-
-
 #: mplab's own measurement (the lesson calls it above 2.5): a call to it is not the exercise.
 _LIBRARY_2_5 = frozenset({"cast_stats", "lost_frac", "underflow_frac", "Magnitudes"})
+_POISONED_2_5 = -1.0  # the share the poisoned measurement gives (a share is never negative)
 
 
-def _uses_library(fn) -> str | None:
-    used = sorted(code_names(fn) & _LIBRARY_2_5)  # its own and its nested functions' names
-    if used:
-        return (f"Your function uses mplab's own measurement ({', '.join(used)}), which is "
-                "what this exercise asks you to write: count with torch's cast and "
+def _poisoned_cast_stats(tensor, precision, scale=1.0):  # runs as casts.cast_stats
+    # nonzero = -1 + 2 = 1, kept = 2: every share read off it, or counted from it, is -1
+    return CastStats("poisoned", 1.0, count=1, zero=0, underflow=-1, subnormal=0, normal=2,
+                     overflow=0, inf=0, nan=0, overflow_to="inf", mean_rel_error=None,
+                     max_rel_error=None, max_abs=0.0)
+
+
+def _poisoned_stats(self, precision, scale=1.0, *, rel_error=True):  # as Magnitudes.stats
+    return cast_stats(None, precision, scale)  # the poisoned one, while it stands in
+
+
+def _poisoned_first(self, s, crossed):  # runs as Magnitudes._first, the counts' search
+    return -1
+
+
+#: While the learner's function runs, mplab's measurement gives poisoned results however it is
+#: reached: an answer that relies on it fails on its outputs (its names only choose the message).
+_POISONS_2_5 = ((cast_stats, _poisoned_cast_stats), (Magnitudes.stats, _poisoned_stats),
+                (Magnitudes._first, _poisoned_first))
+
+
+def _lost_fraction(fn, t, dtype, scale, what: str):
+    """The learner's share for one case, with mplab's own measurement poisoned meanwhile."""
+    with stood_in(fn, _POISONS_2_5):
+        return call(fn, t.clone(), dtype, scale, what=what)
+
+
+def _trial_2_5(case, fn) -> None:
+    _lost_fraction(fn, *case, what="lost_fraction")
+
+
+def _trials_2_5(seed: int) -> list:
+    """The hidden calls, as the kernel records them for the grader: each under the poison."""
+    return [functools.partial(_trial_2_5, case) for case in _hidden_2_5(seed)]
+
+
+def _uses_library(fn, got: float) -> str | None:
+    """The message for wrong outputs that came from mplab's measurement (poisoned) or from a
+    function whose code names it (its nested functions' too); None for other wrong outputs."""
+    if got == _POISONED_2_5 or code_names(fn) & _LIBRARY_2_5:
+        return ("Your function uses mplab's own measurement (cast_stats, its CastStats or "
+                "Magnitudes), which is what this exercise asks you to write (while it is "
+                "checked, that measurement gives wrong numbers): count with torch's cast and "
                 "comparisons instead.")
     return None
 
 
+def _lost_matches(fn, cases) -> str | None:
+    for t, dtype, scale in cases:
+        shown = f"lost_fraction(<{_describe(t)}>, {dtype}, {scale:g})"
+        got = _lost_fraction(fn, t, dtype, scale, shown)
+        if got is None:
+            return f"{shown} returned None: is a return statement missing?"
+        got = as_number(got, what=f"what {shown} returned")
+        want = reference_lost_fraction(t, dtype, scale)  # the real measurement, after the call
+        if abs(got - want) <= TOL_2_5:
+            continue
+        library = _uses_library(fn, got)
+        if library:
+            return library
+        if math.isnan(got):
+            return (f"{shown} returned NaN. A tensor with no nonzero finite values has lost "
+                    "none of them: return 0.0 there.")
+        zeros = t.float() == 0
+        of_all = cast_stats(t, dtype, scale).underflow_frac
+        if abs(got - of_all) <= TOL_2_5 and bool(zeros.any()):
+            why = ("that is a share of all values; divide by the nonzero finite ones "
+                   "(the zeros were zero before the cast).")
+        elif got > want:
+            why = ("too many counted as lost: only values that were nonzero (and finite) "
+                   "before the cast and are 0 after it count; an inf or NaN is not lost.")
+        else:
+            why = ("too few counted as lost: multiply in fp32 first (t.float() * scale), "
+                   "then cast with .to(dtype), and compare with 0.")
+        return f"{shown} gave {got:.6g}: {why} (Compared within {TOL_2_5:g}.)"
+    return None
+
+
 def _check_2_5(fn) -> str | None:
-    return _uses_library(fn) or _lost_matches(fn, PUBLIC_2_5)
+    return _lost_matches(fn, PUBLIC_2_5)
 
 
 def _hidden_check_2_5(fn) -> str | None:
-    return _uses_library(fn) or _lost_matches(fn, _hidden_2_5())
+    return _lost_matches(fn, _hidden_2_5())
 
 
 # --- the exercises ----------------------------------------------------------------------------
@@ -400,7 +444,7 @@ EXERCISES = {e.id: e for e in in_order([
             "    return int(lost.sum()) / n",
         arg='lost_fraction',
         check=_check_2_5, hidden=_hidden_check_2_5,
-        trials=_hidden_2_5,  # the calls it makes: (t, dtype, scale)
+        trials=_trials_2_5,  # the calls it makes: (t, dtype, scale)
         hints=(
             "Three steps: scale in fp32, find the values that were nonzero and finite, count "
             "how many of those the cast turns into 0.",

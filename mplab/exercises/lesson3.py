@@ -12,15 +12,16 @@ bit, as mplab's own GradScaler is.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random
+import warnings
 
 import torch
 
-from mplab.exercises.answers import note, watching
+from mplab.exercises.answers import Replay, copied, stood_in
 from mplab.exercises.framework import (
     Exercise,
-    Incorrect,
     Lesson,
     as_number,
     call,
@@ -36,26 +37,62 @@ __all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdow
 
 # --- 3.1 the update rule ----------------------------------------------------------------------
 
+UPDATE, UNSCALE = "_amp_update_scale_", "_amp_foreach_non_finite_check_and_unscale_"
+_POISONED_TRACKER = -7  # what the poisoned update leaves: a tracker never counts below 0
+
+
+def _poisoned_update(scale, tracker, *settings):  # aten._amp_update_scale_, meanwhile
+    scale.fill_(math.nan)
+    tracker.fill_(_POISONED_TRACKER)
+    return scale
+
+
+def _poisoned_unscale(grads, found_inf, inv_scale):  # aten's unscale-and-check, meanwhile
+    for t in [found_inf, *grads]:
+        t.fill_(math.nan)
+
+
+def _twin_update(self, found_inf):  # runs as mplab's GradScaler._update_scale, meanwhile
+    self._scale.fill_(float("nan"))
+    self._growth_tracker.fill_(-7)
+
+
+def _twin_found_inf(grads, device):  # runs as mplab.amp.scaler.found_inf_in, meanwhile
+    for g in grads:
+        g.fill_(float("nan"))
+    return torch.full((), float("nan"), device=device)
+
+
 @contextlib.contextmanager
-def _written_not_called(kernel: str, shown: str):
-    """3.1 and 3.5 ask the learner to write what torch's `kernel` does, and are checked
-    against it: an answer that calls it (directly, or through torch.amp.GradScaler) fails."""
-    original = getattr(torch, kernel)
+def _poisoned(kernel: str, fn):
+    """3.1 and 3.5 ask the learner to write what torch's `kernel` does, and are checked against
+    it: while the learner's `fn` runs, the kernel gives NaN scales and gradients and an
+    impossible tracker however it is reached (torch.X, a name saved earlier, torch.ops.aten,
+    GradScaler, another thread: the dispatcher itself is overridden), and so does mplab's
+    GradScaler, its twin. An answer that uses them returns outputs that fail the exact
+    comparison, in the kernel and so in the grader's replay (where no learner code runs)."""
+    from mplab.amp import scaler as twin
 
-    def watched(*args, **kwargs):
-        note(kernel)  # a note the grader's replay of the answer makes again
-        return original(*args, **kwargs)
-
-    setattr(torch, kernel, watched)
+    lib = None if isinstance(fn, Replay) else torch.library.Library("aten", "IMPL")
+    swap = ((twin.GradScaler._update_scale, _twin_update) if kernel == UPDATE
+            else (twin.found_inf_in, _twin_found_inf))
     try:
-        with watching() as seen:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that an aten kernel is overridden
+            for key in ("CPU", "CUDA", "MPS") if lib else ():  # every device with a kernel
+                lib.impl(kernel, _poisoned_update if kernel == UPDATE else _poisoned_unscale,
+                         key)
+        with stood_in(fn, [swap]):
             yield
     finally:
-        setattr(torch, kernel, original)
-    if kernel in seen:
-        raise Incorrect(f"{shown} calls torch.{kernel}, the kernel your function is checked "
-                        "against: the exercise is to write what it does, with your own "
-                        "arithmetic and tensor operations.")
+        if lib is not None:
+            lib._destroy()  # torch's own kernel again
+
+
+def _poisoned_call(kernel: str, args: tuple, fn) -> None:
+    """One hidden call, as the kernel records it for the grader: under the same poison."""
+    with _poisoned(kernel, fn):
+        fn(*copied(args))
 
 
 def torch_update(scale, tracker, found_inf, growth_factor, backoff_factor, growth_interval):
@@ -93,7 +130,7 @@ def _hidden_3_1(seed: int | None = None) -> list[tuple]:
 def _update_matches(fn, cases) -> str | None:
     for case in cases:
         shown = "update_scale" + repr(case)
-        with _written_not_called("_amp_update_scale_", shown):
+        with _poisoned(UPDATE, fn):
             got = call(fn, *case, what=shown)
         if got is None:
             return f"{shown} returned None: is a return statement missing?"
@@ -101,9 +138,11 @@ def _update_matches(fn, cases) -> str | None:
             return f"{shown} returned {got!r:.60}; return a pair (new_scale, new_tracker)."
         scale = as_number(got[0], what=f"the scale {shown} returned")
         tracker = as_number(got[1], what=f"the tracker {shown} returned")
-        want_scale, want_tracker = torch_update(*case)
+        want_scale, want_tracker = torch_update(*case)  # torch's own kernel, after the call
         if scale == want_scale and tracker == want_tracker:
             continue
+        if math.isnan(scale) or tracker == _POISONED_TRACKER:  # what the poison leaves
+            return _calls_the_kernel(shown, UPDATE)
         s, t, found, growth, backoff, interval = case
         if found:
             why = "An inf/NaN was found: back off (scale × backoff_factor) and reset the tracker."
@@ -123,6 +162,16 @@ def _update_matches(fn, cases) -> str | None:
         return (f"{shown} gave ({scale!r}, {tracker!r}); torch gives ({want_scale!r}, "
                 f"{want_tracker}). {why} (Compared exactly.)")
     return None
+
+
+def _calls_the_kernel(shown: str, kernel: str) -> str:
+    return (f"{shown} calls torch.{kernel}, the kernel your function is checked against (or "
+            "mplab's GradScaler, which does the same): the exercise is to write what it does, "
+            "with your own arithmetic and tensor operations.")
+
+
+def _trials_3_1(seed: int) -> list:
+    return [functools.partial(_poisoned_call, UPDATE, case) for case in _hidden_3_1(seed)]
 
 
 def _check_3_1(fn) -> str | None:
@@ -323,12 +372,15 @@ def _unscale_matches(fn, cases) -> str | None:
         shown = (f"unscale_and_check(<{len(grads)} grads: "
                  + ", ".join(f"{g.dtype} {tuple(g.shape)}" for g in grads)
                  + f">, inv_scale of {scale:g})")
-        with _written_not_called("_amp_foreach_non_finite_check_and_unscale_", shown):
+        with _poisoned(UNSCALE, fn):
             got = call(fn, mine, _inv(scale), what=shown)
-        want = torch_unscale(ref, _inv(scale))
+        want = torch_unscale(ref, _inv(scale))  # torch's own kernel, after the call
         if not isinstance(got, bool | torch.Tensor) or (
                 isinstance(got, torch.Tensor) and got.numel() != 1):
             return f"{shown} returned {got!r:.60}; return True or False."
+        if any(a.numel() and a.isnan().all() and not b.isnan().all() for a, b in zip(mine, ref)
+               ) or (isinstance(got, torch.Tensor) and got.isnan().all()):  # the poison's NaNs
+            return _calls_the_kernel(shown, UNSCALE)
         if bool(got) != want:
             if want:
                 return f"{shown} returned False, but a gradient holds an inf or NaN."
@@ -342,9 +394,10 @@ def _unscale_matches(fn, cases) -> str | None:
     return None
 
 
-def _trials_3_5(seed: int) -> list[tuple]:
-    """The calls the hidden check makes, in its order: (grads, inv_scale)."""
-    return [(grads, _inv(scale)) for grads, scale in _hidden_3_5(seed)]
+def _trials_3_5(seed: int) -> list:
+    """The calls the hidden check makes, in its order, each on (grads, inv_scale)."""
+    return [functools.partial(_poisoned_call, UNSCALE, (grads, _inv(scale)))
+            for grads, scale in _hidden_3_5(seed)]
 
 
 def _check_3_5(fn) -> str | None:
@@ -407,7 +460,7 @@ EXERCISES = {e.id: e for e in [
             "        return (grown if math.isfinite(grown) else scale), 0\n"
             "    return scale, tracker + 1",
         arg='update_scale',
-        check=_check_3_1, hidden=_hidden_check_3_1, trials=_hidden_3_1,
+        check=_check_3_1, hidden=_hidden_check_3_1, trials=_trials_3_1,
         hints=(
             "Two cases: an inf/NaN was found (back off, start counting again), or not (count "
             "one more clean update; on the growth_interval-th in a row, grow and restart).",

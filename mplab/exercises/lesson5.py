@@ -4,10 +4,11 @@
     ex.check("5.1", train_loop); ex.hint("5.1"); ex.solution("5.1")
 
 The references are the real Accelerate: a learner's loop runs with a real `Accelerator` on the
-lesson model and is compared, weights bit for bit, with the course's Accelerate loop (and what
-it handed Accelerate is watched, so a `loss.backward()` that happens to train the same is still
-caught); why fp16 was no faster is answered by `mplab.amp.audit` of a real fp16 Accelerator on the
-CPU; the audit to read is built and audited here, the way the notebook shows it.
+lesson model and is compared, weights bit for bit, with the course's Accelerate loop, in bf16
+and as fp16 on a GPU runs (where a `loss.backward()` or an unprepared optimizer or dataloader
+changes the weights; what the loop handed Accelerate only explains a failure); why fp16 was
+no faster is answered by `mplab.amp.audit` of a real fp16 Accelerator on the CPU; the audit to
+read is built and audited here, the way the notebook shows it.
 """
 
 from __future__ import annotations
@@ -86,19 +87,32 @@ def _initial_weights(seed: int) -> tuple[torch.Tensor, ...]:
 class LoopRun:
     """One run of a training loop `fn(accelerator, model, optimizer, dataloader)` with a real
     Accelerator on the CPU, the lesson model (AdamW) and `batches` batches of `batch_size`
-    lesson reviews; what the loop handed Accelerate is noted on the way (mplab.exercises.note:
-    a grader's replay of the loop makes the same notes, and writes back its weights)."""
+    lesson reviews. `as_gpu`: fp16 as on a GPU (a GradScaler handed to the Accelerator, which
+    builds none on a CPU), gradient_accumulation_steps=2 and batches shuffled by a seeded
+    sampler: there an unprepared optimizer never unscales, loss.backward() neither scales nor
+    divides the loss and an unprepared dataloader deals another order, each changing the
+    weights. Only the weights decide (a grader's replay writes them back); what the loop
+    handed Accelerate is noted on the way (mplab.exercises.note) to choose the message."""
 
     def __init__(self, fn, mixed_precision: str = "bf16", batches: int = 3,
-                 batch_size: int = 8, seed: int = 0):
-        from accelerate import Accelerator
+                 batch_size: int = 8, seed: int = 0, as_gpu: bool = False):
+        from accelerate import Accelerator, DataLoaderConfiguration
         from torch.utils.data import DataLoader
 
         with fresh_accelerate(), watching() as seen:
-            accelerator = Accelerator(mixed_precision=mixed_precision, cpu=True)
+            accelerator = Accelerator(
+                mixed_precision=mixed_precision, cpu=True, gradient_accumulation_steps=1 + as_gpu,
+                dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True,
+                                                          data_seed=seed))
+            if as_gpu:
+                scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+                scaler.scale(torch.ones(()))  # its scale made: a step after loss.backward()
+                accelerator.native_amp, accelerator.scaler = True, scaler  # unscales, no error
             model = lesson_model(seed=seed)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            dataloader = DataLoader(list(_reviews(batches * batch_size)), batch_size=batch_size)
+            dataloader = DataLoader(  # unprepared, its own generator deals another order
+                list(_reviews(batches * batch_size)), batch_size=batch_size, shuffle=as_gpu,
+                generator=torch.Generator().manual_seed(seed + 1))
             names = {id(model): "model", id(optimizer): "optimizer", id(dataloader): "dataloader"}
             prepare, backward = accelerator.prepare, accelerator.backward
 
@@ -129,9 +143,9 @@ class LoopRun:
 
 @functools.lru_cache(maxsize=8)
 def _reference_run(mixed_precision: str = "bf16", batches: int = 3, batch_size: int = 8,
-                   seed: int = 0, zero_grad: bool = True) -> LoopRun:
+                   seed: int = 0, as_gpu: bool = False, zero_grad: bool = True) -> LoopRun:
     return LoopRun(functools.partial(_reference_loop, zero_grad=zero_grad), mixed_precision,
-                   batches, batch_size, seed)
+                   batches, batch_size, seed, as_gpu)
 
 
 def _run(fn, **settings) -> LoopRun:
@@ -142,8 +156,11 @@ def _run(fn, **settings) -> LoopRun:
 
 def _loop_feedback(fn, **settings) -> str | None:
     """Why `fn` does not train as the course's Accelerate loop does (run with these LoopRun
-    settings), naming the concept missed; None when it does."""
+    settings), naming the concept missed; None when it does. The weights decide; the notes
+    (what the loop handed Accelerate, which its code could forge) only choose the message."""
     run, reference = _run(fn, **settings), _reference_run(**settings)
+    if run.same_weights(reference):
+        return None
     missing = [name for name in ("model", "optimizer", "dataloader") if name not in run.prepared]
     if not run.prepared:
         return ("Nothing was handed to the accelerator train_loop is given: until the model, "
@@ -159,49 +176,59 @@ def _loop_feedback(fn, **settings) -> str | None:
                 "micro-batch.")
     if "dataloader" in missing:
         return ("The dataloader was not prepared: under accelerate launch the prepared one gives "
-                "each process its own share of every epoch, and puts the batches on the device.")
+                "each process its own share of every epoch (shuffled in its seeded order), and "
+                "puts the batches on the device.")
     if run.backward_calls == 0 and run.trained:
-        return ("The gradients came from loss.backward(), behind Accelerate's back. Here (bf16, "
-                "one process) the weights happen to agree, but the accelerator's backward is "
-                "where the loss is scaled for fp16 and divided for gradient accumulation: with "
-                "fp16 on a GPU this loop would train on unscaled, underflowing gradients.")
-    if run.same_weights(reference):
-        return None
+        return ("The gradients came from loss.backward(), behind Accelerate's back: the "
+                "accelerator's backward is where the loss is scaled for fp16 and divided for "
+                "gradient accumulation, so these weights are not the course loop's (with fp16 "
+                "on a GPU it would train on unscaled, underflowing gradients).")
     if not run.trained:
         return ("The weights never changed: the loop computes the loss but the optimizer never "
                 "steps (or it never loops over the batches).")
     if run.same_weights(_reference_run(**settings, zero_grad=False)):
         return ("The gradients are never cleared, so each step adds to the last one's: "
                 "clear them after every optimizer step.")
-    if run.backward_calls > reference.backward_calls:
+    if run.backward_calls != reference.backward_calls:
         return (f"backward ran {run.backward_calls} times for {reference.backward_calls} "
                 "batches: each batch's loss needs exactly one backward pass, through the "
                 "accelerator.")
-    return ("After 3 steps the weights differ from the course's Accelerate loop. Prepare "
-            "everything once before the loop; then, per batch: the loss from the prepared "
-            "model, the accelerator's backward, the optimizer's step, zero_grad.")
+    return ("The weights differ from the course's Accelerate loop's. Prepare everything once "
+            "before the loop; then, per batch: the loss from the prepared model, the "
+            "accelerator's backward, the optimizer's step, zero_grad.")
 
 
-def _check_5_1(fn) -> str | None:
-    return _loop_feedback(fn)
+#: The public check's second run: fp16 as on a GPU (see LoopRun), 3 shuffled batches of 4.
+AS_GPU = {"mixed_precision": "fp16", "batches": 3, "batch_size": 4, "as_gpu": True}
+_AS_GPU_SAID = "With fp16 loss scaling, gradient_accumulation_steps=2 and shuffled batches"
 
 
-def _hidden_settings_5_1(seed: int) -> dict:
-    """The hidden run's: fp32 ("no"), 4 batches of 4, weights drawn from the run's seed."""
-    return {"mixed_precision": "no", "batches": 4, "batch_size": 4, "seed": 1 + seed}
+def _runs_5_1(seed: int | None = None) -> list[tuple[str, dict]]:
+    """(what a failure starts with, LoopRun settings) for each run, in the order they run: the
+    public two, or (given the grading seed) the hidden one, on weights and batches drawn from it
+    (each run's record holds the model's weights: three fit in a record)."""
+    if seed is None:
+        return [("", {}), (_AS_GPU_SAID + ": ", AS_GPU)]
+    return [(_AS_GPU_SAID + ", other weights and 4 batches of 4: ",
+             {**AS_GPU, "batches": 4, "seed": 1 + seed})]
+
+
+def _check_5_1(fn, seed: int | None = None) -> str | None:
+    for said, settings in _runs_5_1(seed):
+        why = _loop_feedback(fn, **settings)
+        if why is not None:
+            return said + why
+    return None
 
 
 def _trials_5_1(seed: int) -> list:
     """The hidden run, given the learner's loop (the kernel runs it for the grader)."""
-    return [functools.partial(LoopRun, **_hidden_settings_5_1(seed))]
+    return [functools.partial(LoopRun, **settings) for _, settings in _runs_5_1(seed)]
 
 
 def _hidden_5_1(fn) -> str | None:
-    """The same loop in fp32 ("no"), on other weights and 4 batches of 4."""
-    why = _loop_feedback(fn, **_hidden_settings_5_1(grade_seed()))
-    if why is not None:
-        return ("With mixed_precision=\"no\", other weights and 4 batches of 4: " + why)
-    return None
+    """The same loop as fp16 on a GPU, on other weights and 4 batches of 4."""
+    return _check_5_1(fn, grade_seed())
 
 
 # --- 5.2 why was fp16 no faster? ---------------------------------------------------------------
@@ -434,12 +461,16 @@ EXERCISES = {e.id: e for e in [
                "you (`Accelerator(mixed_precision=...)`), so the precision is not your loop's "
                "business. The check runs your loop on the CPU with a real `Accelerator("
                "mixed_precision=\"bf16\")` (bf16: exercise 5.2 asks what fp16 does on "
-               "a CPU), on the lesson model and 3 batches of 8 reviews, and requires three "
-               "things: the model, the optimizer and the dataloader each handed to "
-               "`accelerator.prepare` (the prepared dataloader is the one that deals the "
-               "batches out to the processes and puts them on the device); every backward "
-               "pass made through the accelerator; and, after the 3 steps, the same weights "
-               "as the course's Accelerate loop, bit for bit.",
+               "a CPU), on the lesson model and 3 batches of 8 reviews; then again as an fp16 "
+               "run on a GPU goes, its loss scaled by a GradScaler, with "
+               "`gradient_accumulation_steps=2` (your loop still steps after every batch, as "
+               "the torch loop does: no `accelerator.accumulate`) and 3 shuffled batches of 4. "
+               "After each run your weights must be the course's Accelerate loop's, bit for "
+               "bit, and in the second run they are only with three things done: the model, "
+               "the optimizer and the dataloader each handed to `accelerator.prepare` (the "
+               "prepared dataloader is the one that deals the batches out to the processes, "
+               "in its seeded order, and puts them on the device), and every backward pass "
+               "made through the accelerator.",
         comment="the Accelerate version of train_loop",
         body="def train_loop(accelerator, model, optimizer, dataloader):\n"
              "    ...  # prepare, then loop (it returns nothing)",

@@ -250,17 +250,18 @@ _SCALER_CALLS = ("unscale_", "step", "update")
 def _noted(name: str, method):
     @functools.wraps(method)
     def noted(*args, **kwargs):
-        note(f"scaler.{name}")  # counted by the check, and made again by the grader's replay
+        note(f"scaler.{name}")  # counted for the message, and made again by the replay
         return method(*args, **kwargs)
     return noted
 
 
-def _trials_7_5(seed: int = 0, steps: int = 2) -> list[tuple]:
+def _trials_7_5(seed: int = 0, steps: int = 3) -> list[tuple]:
     """The calls `steps` optimizer steps make, in turn: 2 micro-batches of 8 each, on the lab
-    model (its head from `seed`), fp16 autocast on the CPU, the scaler's calls noted."""
+    model (its head from `seed`), fp16 autocast on the CPU, the scaler's calls noted. The first
+    step's scale overflows: the scaler must skip it (optimizer.step() would not), then 2**10."""
     model = lab.lab_model(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40, backoff_factor=2.0**-30)
     for name in _SCALER_CALLS:
         setattr(scaler, name, _noted(name, getattr(scaler, name)))
     autocast = torch.autocast("cpu", dtype=torch.float16)
@@ -269,23 +270,26 @@ def _trials_7_5(seed: int = 0, steps: int = 2) -> list[tuple]:
 
 
 def _run_7_5(step, seed: int = 0):
-    """The weights after the steps of :func:`_trials_7_5`, and each step's scaler calls."""
-    trials, calls = _trials_7_5(seed), []
+    """The weights after the steps of :func:`_trials_7_5`, the scaler's scale and tracker after
+    each (what decides), and each step's scaler calls (notes: they only choose the message)."""
+    trials, calls, states = _trials_7_5(seed), [], []
     for args in trials:
         with watching() as seen:
             step(*args)
         calls.append({name: seen.count(f"scaler.{name}") for name in _SCALER_CALLS})
-    return [p.detach().clone() for p in trials[0][0].parameters()], calls
+        states.append({k: float(v) for k, v in args[2].state_dict().items()
+                       if k in ("scale", "_growth_tracker")})
+    return [p.detach().clone() for p in trials[0][0].parameters()], states, calls
 
 
 @functools.lru_cache(maxsize=8)
-def _reference_weights(unscale: bool = True, seed: int = 0):
-    return _run_7_5(functools.partial(_reference_7_5, unscale=unscale), seed)[0]
+def _reference_run_7_5(unscale: bool = True, seed: int = 0):
+    return _run_7_5(functools.partial(_reference_7_5, unscale=unscale), seed)[:2]
 
 
 def _check_7_5(fn, seed: int = 0) -> str | None:
     try:
-        weights, step_calls = _run_7_5(fn, seed)
+        weights, states, step_calls = _run_7_5(fn, seed)
     except RuntimeError as err:
         if "unscale_() has already been called" in str(err):
             return ("torch refused: unscale_() ran twice before an update(). Each micro-batch "
@@ -294,6 +298,9 @@ def _check_7_5(fn, seed: int = 0) -> str | None:
     except Exception as err:
         raise Incorrect(f"train_step raised {type(err).__name__}: {err}",
                         status="error") from None
+    want_weights, want_states = _reference_run_7_5(seed=seed)
+    if same_tensors(weights, want_weights) and states == want_states:
+        return None  # the weights and the scaler's state decide; the counted calls say why
     calls = step_calls[0]
     if calls["update"] > 1 or calls["unscale_"] > 1:
         return (f"The scaler still ran unscale_ {calls['unscale_']}× and update "
@@ -301,15 +308,15 @@ def _check_7_5(fn, seed: int = 0) -> str | None:
                 f"\"{CAUSES['accumulation_scaler']}\".")
     if calls["step"] != 1:
         return (f"scaler.step ran {calls['step']}× in one call: the optimizer steps once, after "
-                "the last micro-batch.")
-    if same_tensors(weights, _reference_weights(seed=seed)):
-        return None
-    if same_tensors(weights, _reference_weights(unscale=False, seed=seed)):
+                "the last micro-batch, through scaler.step, which skips a step whose gradients "
+                "overflowed (the first step's do).")
+    if same_tensors(weights, _reference_run_7_5(unscale=False, seed=seed)[0]):
         return ("The scaler's calls are right, but the gradients are not unscaled before "
                 "clipping (scaler.step does it too late for clip_grad_norm_): keep the clip, "
                 "on the true gradients.")
-    return ("After 2 steps your weights differ from a correct loop's: keep the same loss, "
-            "the clip at max_norm=1.0 and AdamW; only where the scaler's calls go changes.")
+    return ("After 3 steps your weights, or the scaler's scale and growth tracker, differ from "
+            "a correct loop's: keep the same loss, the clip at max_norm=1.0, AdamW and "
+            "zero_grad; only where the scaler's calls go changes.")
 
 
 def _hidden_7_5(fn) -> str | None:
@@ -477,9 +484,11 @@ EXERCISES = {e.id: e for e in in_order([
                + python_block(BUGGY_7_5)
                + "\n\nWrite a correct `train_step(model, optimizer, scaler, micro_batches, "
                "autocast)`: the same loss, clip and optimizer step, with each scaler call "
-               "where it belongs; it need return nothing. The check trains the lab model 2 steps "
-               "of 2 micro-batches, counting the scaler's calls, and compares the weights with "
-               "a correct loop's (the grader also tries a head drawn for each grading run).",
+               "where it belongs; it need return nothing. The check trains the lab model 3 steps "
+               "of 2 micro-batches, the first at a scale so large that the gradients overflow "
+               "(the scaler must skip that step), and compares the weights, and the scaler's "
+               "scale and growth tracker after each step, with a correct loop's (the grader "
+               "also tries a head drawn for each grading run).",
         comment="gradient accumulation with a GradScaler, done right",
         body="def train_step(model, optimizer, scaler, micro_batches, autocast):\n"
              "    return ...  # fix the loop above",

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mplab._display import Table
+from mplab.grade.kernel import clean
 from mplab.grade.notebook import GradingError, grade_notebook
 
 __all__ = ["Limits", "grade_class", "submissions", "gradebook_rows", "write_csv", "run"]
@@ -66,8 +67,8 @@ class Limits:
 
 
 def _failed(path, why: str) -> dict:
-    return {"notebook": str(path), "lesson": "", "total": 0, "max": 0, "exercises": [],
-            "problems": [], "flags": [], "error": why, "elapsed_s": 0.0}
+    return clean({"notebook": str(path), "lesson": "", "total": 0, "max": 0, "exercises": [],
+                  "problems": [], "flags": [], "error": why, "elapsed_s": 0.0})
 
 
 def submissions(folder) -> tuple[list[Path], dict[Path, str], list[Path]]:
@@ -129,7 +130,7 @@ def _grade_one(copy: Path, original: Path, limits: Limits, timeout: float, cell_
         report = _failed(original, str(e).replace(str(copy), original.name))
     except Exception as e:  # the grader itself failed on this one: the class goes on
         report = _failed(original, f"grading failed: {type(e).__name__}: {e}")
-    report["notebook"] = str(original)
+    report["notebook"] = clean(str(original))  # a file name is the learner's text too
     report["elapsed_s"] = round(time.monotonic() - started, 1)
     return report
 
@@ -289,7 +290,7 @@ def run(args) -> int:
                 title=f"{args.notebook}: {len(reports)} notebooks, {how}"))
     skipped = submissions(args.notebook)[2]
     if skipped:
-        print(f"skipped (not .ipynb): {', '.join(p.name for p in skipped)}")
+        print(f"skipped (not .ipynb): {', '.join(clean(p.name) for p in skipped)}")
     print(f"{len(reports)} notebooks in {time.monotonic() - started:.1f} s with {args.jobs} "
           f"jobs; gradebook in {args.csv}" + (f", reports in {args.json}" if args.json else ""))
     return 0

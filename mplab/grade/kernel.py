@@ -246,7 +246,9 @@ class Run:
             self.kernel.close()
             self.kernel = None
 
-    def run(self) -> None:
+    def run(self, close: bool = True) -> None:
+        """Run every code cell; without `close`, the last kernel is left running (a
+        sandbox's runner leaves it to the end of its PID namespace, which is quicker)."""
         try:
             for index, cell in enumerate(self.nb.cells):
                 if cell.cell_type != "code" or not cell.source.strip():
@@ -258,7 +260,10 @@ class Run:
                 if problem:
                     self.sink("problem", index, problem)
                 self.sink("done", index)
-        finally:
+        except BaseException:
+            self._drop_kernel()
+            raise
+        if close:
             self._drop_kernel()
 
 

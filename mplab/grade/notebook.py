@@ -121,6 +121,7 @@ def _key_module(folder, name: str):
 
 
 def _lesson_module(nb, path: Path, key=None):
+    """The notebook's lesson: its name ("lesson1") and its module, from `key` if given."""
     code = [c for c in nb.cells if c.cell_type == "code"]
     names = [m.group(1) or m.group(2) for c in code for m in _LESSON_IMPORT.finditer(c.source)]
     ids = [i for i in map(exercise_id, code) if i]
@@ -134,8 +135,8 @@ def _lesson_module(nb, path: Path, key=None):
         raise GradingError(f"{path} uses mplab.exercises.{name}, which does not exist; "
                            f"accepted: {', '.join(accepted)}")
     if key is not None:
-        return _key_module(key, name)
-    return importlib.import_module(f"mplab.exercises.{name}")
+        return name, _key_module(key, name)
+    return name, importlib.import_module(f"mplab.exercises.{name}")
 
 
 def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
@@ -167,7 +168,7 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
     started = time.monotonic()
     path = Path(path)
     nb = _read(path)
-    lesson = _lesson_module(nb, path, key)
+    name, lesson = _lesson_module(nb, path, key)
     cell_exercise = {i: exercise_id(c) for i, c in enumerate(nb.cells) if c.cell_type == "code"}
     flags = tamper_flags(nb, (GRADE_LOG_ENV, GRADING_ENV), exercise_id)  # as submitted
     if with_solutions:
@@ -212,7 +213,7 @@ def grade_notebook(path, timeout: float = 600, cell_timeout: float = 120,
     exercises_out = list(rows.values())
     return clean({
         "notebook": str(path),
-        "lesson": lesson.__name__.rsplit(".", 1)[-1],
+        "lesson": name,
         "total": sum(r["points"] for r in exercises_out),
         "max": sum(r["max_points"] for r in exercises_out),
         "exercises": exercises_out,

@@ -20,15 +20,21 @@ What a kernel sees:
   ``/etc``, read-only; nothing of the grader's HOME, working folder, key or reports;
 - ``/sandbox``: its own tmpfs of `Limits.disk_mb` (``/tmp`` points there) with HOME, TMPDIR, the
   kernel's connection (unix sockets: the kernel has no network, not even the grader's loopback)
-  and ``work/``, the folder of its own copy of its notebook; a new ``/proc``, a minimal ``/dev``;
+  and ``work/``, the folder of its own copy of its notebook (and matplotlib's font list, built
+  once per class); a new ``/proc``, a minimal ``/dev``; the rest of what bwrap made for it (its
+  root, ``/dev``) read-only;
 - an environment of a few variables (PATH, HOME, the grading's own, thread settings).
 
-Limits, for the whole sandbox: each process's address space, CPU time and file size, and the
-sandbox's processes (``RLIMIT_NPROC`` counts per user namespace, root's included); the grader
-adds up the memory of all its processes (PSS) every 0.2 s and ends its kernels past
-`Limits.memory_gb` together (the runner starts a new one, as after a crash), ends all of them
-past `Limits.processes`, reads at most `Limits.output_mb` of records, and kills bwrap at the
-time limit, and with it the PID namespace: nothing a kernel started outlives its grading.
+Limits, for the whole sandbox: where the grader may make cgroups (v1's pids and memory
+hierarchies, or v2's delegated), the kernel holds all the sandbox's processes together to
+`Limits.processes` and `Limits.memory_gb` (its tmpfs pages included; the out-of-memory killer
+ends the largest process, the kernel, and the runner starts a new one, as after a crash).
+Elsewhere the grader adds up the memory of all its processes (PSS) and counts them every
+0.2 s, and ends those past the limits (``RLIMIT_NPROC`` binds too, but not for a grader run as
+root: its sandbox's user is root outside). Each process also has its address space, CPU time
+and file size limited; the grader reads at most `Limits.output_mb` of records, and at the time
+limit kills bwrap, and with it the PID namespace: nothing a kernel started outlives its
+grading.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import compileall
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -120,6 +127,76 @@ def _python_dirs(package: Path) -> tuple[list[Path], list[str]]:
     return sorted(d for d in dirs if not any(d != o and d.is_relative_to(o) for o in dirs)), user
 
 
+class _Cgroups:
+    """The sandbox's own cgroups, where this machine lets the grader make them (cgroup v1's
+    pids and memory hierarchies, or v2's with those controllers delegated): hard limits the
+    kernel enforces for all the sandbox's processes together, root's included, tmpfs pages
+    counted as memory. Elsewhere :class:`_Watch`'s polling is the limit."""
+
+    def __init__(self, limits):
+        self.folders: dict[str, Path] = {}
+        name = f"mplab-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
+        own = {}  # controller (or "" for v2): the grader's own cgroup
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                _, controllers, path = line.split(":", 2)
+                for c in controllers.split(",") if controllers else [""]:
+                    own[c] = path
+        wanted = {"pids": ("pids.max", limits.processes + 3),  # + bwrap, its init, the runner
+                  "memory": ("memory.limit_in_bytes", int(limits.memory_gb * 2**30))}
+        for controller, (setting, value) in wanted.items():
+            if controller in own:
+                root = Path("/sys/fs/cgroup", controller)
+            elif "" in own and Path("/sys/fs/cgroup/cgroup.controllers").exists():  # v2 only
+                root, setting = Path("/sys/fs/cgroup"), setting.replace("limit_in_bytes", "max")
+            else:
+                continue
+            folder = root / own.get(controller, own.get("", "/")).lstrip("/") / name
+            try:
+                folder.mkdir()
+            except OSError:
+                continue
+            try:
+                (folder / setting).write_text(str(value))
+                self.folders[controller] = folder
+            except OSError:  # no such controller here: not a limit
+                self.remove([folder])
+
+    def wrap(self, cmd: list[str]) -> list[str]:
+        """`cmd` started from inside the cgroups (a shell joins them, then execs it)."""
+        if not self.folders:
+            return cmd
+        join = 'while [ "$1" != -- ]; do echo $$ 2>/dev/null > "$1"; shift; done; shift; exec "$@"'
+        return ["/bin/sh", "-c", join, "sh",
+                *(str(f / "cgroup.procs") for f in self.folders.values()), "--", *cmd]
+
+    def count(self, controller: str, file: str, key: str) -> int:
+        """A counter the kernel keeps: pids.events' "max" (forks refused), memory's
+        "oom_kill" (processes the out-of-memory killer ended)."""
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            folder = self.folders[controller]
+            for line in (folder / file).read_text().splitlines():
+                if line.split()[:1] == [key]:
+                    return int(line.split()[1])
+        return 0
+
+    def oom_kills(self) -> int:
+        return max(self.count("memory", "memory.oom_control", "oom_kill"),
+                   self.count("memory", "memory.events", "oom_kill"))
+
+    def remove(self, folders=None) -> None:
+        """Remove the cgroups (once their processes are gone: a few tries)."""
+        for folder in folders or list(self.folders.values()):
+            for _ in range(100):
+                try:
+                    folder.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+
 class Sandbox:
     """Runs one notebook at a time in a new bubblewrap sandbox under `limits`
     (:class:`mplab.grade.classroom.Limits`); one instance serves a whole class (its release
@@ -135,11 +212,18 @@ class Sandbox:
         from mplab.exercises.release import release
 
         self.limits = limits
+        self._finishing: list[threading.Thread] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="mplab-course-")
         course = Path(self._tmp.name) / "course"
         release(course, notebooks=False)  # the learner's copy: no key
         # compiled once here: read-only in the sandbox, each kernel would compile it again
         compileall.compile_dir(course / "mplab", quiet=1, workers=0)
+        # and matplotlib's font list, which a kernel with an empty cache builds (0.15 s)
+        fonts = Path(self._tmp.name) / "matplotlib"
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"],
+                           env={**os.environ, "MPLCONFIGDIR": str(fonts)}, timeout=120,
+                           capture_output=True)
         package = Path(mplab.__file__).resolve().parent
         self._args = [bwrap(), *_NAMESPACES]
         for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -162,8 +246,13 @@ class Sandbox:
         size = str(int(limits.disk_mb * 2**20))
         self._args += ["--size", size, "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", _ROOT,
                        "--symlink", f"{_ROOT}/tmp", "/tmp"]
-        for sub in ("home", "tmp", "run", "work"):
+        for sub in ("home", "tmp", "run", "work", "tmp/matplotlib"):
             self._args += ["--dir", f"{_ROOT}/{sub}"]
+        for built in sorted(fonts.glob("fontlist-*.json")):
+            self._args += ["--ro-bind", str(built), f"{_ROOT}/tmp/matplotlib/{built.name}"]
+        # what bwrap made writable (its root, /dev) is not the submission's to fill: read-only
+        # once the notebook is in place (command())
+        self._seal = ["--remount-ro", "/dev", "--remount-ro", "/"]
         self._env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
                      "HOME": f"{_ROOT}/home", "TMPDIR": f"{_ROOT}/tmp", "USER": "learner",
                      "LOGNAME": "learner", "LANG": "C.UTF-8",
@@ -174,7 +263,18 @@ class Sandbox:
                      **{k: os.environ[k] for k in _PASSED_ENV if k in os.environ}}
 
     def close(self) -> None:
+        """Wait for the last sandboxes to be gone, then remove the release."""
+        for finishing in self._finishing:
+            finishing.join()
         self._tmp.cleanup()
+
+    @staticmethod
+    def _finish(watch, cgroups, reader, errors) -> None:
+        """Kill what is left of a sandbox, wait for it, remove its cgroups."""
+        watch.end()
+        reader.join(10)
+        errors.join(10)
+        cgroups.remove()
 
     def __enter__(self):
         return self
@@ -190,8 +290,8 @@ class Sandbox:
         inside = f"{_ROOT}/work/{notebook.name}"
         env = {**self._env, GRADING_ENV: "1", GRADE_LOG_ENV: f"{_ROOT}/run/grade.jsonl",
                SEED_ENV: str(seed)}
-        args = [*self._args, "--ro-bind", str(notebook), inside, "--chdir", f"{_ROOT}/work",
-                "--clearenv"]
+        args = [*self._args, "--ro-bind", str(notebook), inside, *self._seal,
+                "--chdir", f"{_ROOT}/work", "--clearenv"]
         for k, v in env.items():
             args += ["--setenv", k, v]
         safe = ["-P"] if sys.version_info >= (3, 11) else []  # its folder is not on its path
@@ -206,22 +306,33 @@ class Sandbox:
         read, write = os.pipe()
         left = deadline - time.monotonic()
         cmd = self.command(Path(notebook), write, seed, max(1.0, left - 3), cell_timeout, setup)
-        try:
-            proc = subprocess.Popen(cmd, pass_fds=(write,), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        cgroups = _Cgroups(self.limits)
+        try:  # bwrap's own environment is readable in the sandbox (/proc/1/environ): none
+            proc = subprocess.Popen(cgroups.wrap(cmd), pass_fds=(write,), env={},
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE)
+        except BaseException:
+            cgroups.remove()
+            raise
         finally:
             os.close(write)
-        watch = _Watch(proc, self.limits, outcome)
+        watch = _Watch(proc, self.limits, outcome, cgroups)
         reader = threading.Thread(target=watch.read, args=(read,), daemon=True)
         errors = threading.Thread(target=watch.read_errors, daemon=True)
         reader.start()
         errors.start()
         try:
             watch.supervise(deadline)
-        finally:
-            watch.end()
-            reader.join(10)
-            errors.join(10)
+        except BaseException:
+            self._finish(watch, cgroups, reader, errors)
+            raise
+        if outcome.said_end:  # the rest is teardown: the next submission need not wait
+            finishing = threading.Thread(target=self._finish,
+                                         args=(watch, cgroups, reader, errors))
+            finishing.start()
+            self._finishing.append(finishing)
+        else:
+            self._finish(watch, cgroups, reader, errors)
         if not outcome.said_end and watch.ended is None:
             watch.ended = ("the sandbox's runner stopped before the end"
                            + (f" ({watch.errors.strip().splitlines()[-1]})"
@@ -233,8 +344,14 @@ class Sandbox:
 class _Watch:
     """One sandbox as the grader watches it: its stream, its processes, its limits."""
 
-    def __init__(self, proc, limits, outcome):
-        self.proc, self.limits, self.outcome = proc, limits, outcome
+    def __init__(self, proc, limits, outcome, cgroups: _Cgroups):
+        self.proc, self.limits, self.outcome, self.cgroups = proc, limits, outcome, cgroups
+        self._over = threading.Event()  # set by the reader: the end, or the stream closed
+        self._refused = 0  # forks the pids cgroup refused, so far
+        self._ooms = 0  # the out-of-memory kills seen so far, and in which cells
+        self.oom_cells: set[int | None] = set()
+        self._over_memory = (f"the submission's processes went past the {limits.memory_gb:g} GiB "
+                             "the class allows them together")
         self.ended: str | None = None  # why the whole sandbox was ended
         self.errors = ""
         self._lock = threading.Lock()
@@ -247,21 +364,27 @@ class _Watch:
 
         budget = int(self.limits.output_mb * 2**20)
         with open(fd, "rb") as stream:
-            while True:
-                line = stream.readline(MAX_RECORD_BYTES + 1)
-                if not line:
-                    return
-                budget -= len(line)
-                if budget < 0:
-                    self._end(f"the submission sent more than {self.limits.output_mb:g} MB of "
-                              "grade-log records (the class's output limit)")
-                    return
-                if not line.endswith(b"\n"):  # too long to be a record mplab wrote
-                    continue
-                with contextlib.suppress(ValueError, TypeError, KeyError, IndexError):
-                    event = json.loads(line)
-                    with self._lock:
-                        self._feed(event)
+            try:
+                self._read(stream, budget, MAX_RECORD_BYTES)
+            finally:
+                self._over.set()
+
+    def _read(self, stream, budget: int, longest: int) -> None:
+        while not self.outcome.said_end:
+            line = stream.readline(longest + 1)
+            if not line:
+                return
+            budget -= len(line)
+            if budget < 0:
+                self._end(f"the submission sent more than {self.limits.output_mb:g} MB of "
+                          "grade-log records (the class's output limit)")
+                return
+            if not line.endswith(b"\n"):  # too long to be a record mplab wrote
+                continue
+            with contextlib.suppress(ValueError, TypeError, KeyError, IndexError):
+                event = json.loads(line)
+                with self._lock:
+                    self._feed(event)
 
     def _feed(self, event: dict) -> None:
         if "cell" in event and isinstance(event["cell"], int):
@@ -272,10 +395,19 @@ class _Watch:
             self.outcome("log", event["log"])
         elif "problem" in event and isinstance(event["problem"], int):
             text = str(event.get("text", ""))[:2000]
+            if "killed the Python kernel" in text and (
+                    self._oom() or event["problem"] in self.oom_cells):  # the memory cgroup's
+                self.killed[event["problem"]] = self._over_memory + ": its kernel was ended"
             killed = self.killed.get(event["problem"])
             self.outcome("problem", event["problem"], killed or text)
         elif event.get("end") is True:
             self.outcome.said_end = True
+
+    def _oom(self) -> bool:
+        """Whether the memory cgroup's out-of-memory killer ended a process since last asked."""
+        kills = self.cgroups.oom_kills()
+        new, self._ooms = kills > self._ooms, max(kills, self._ooms)
+        return new
 
     def read_errors(self) -> None:
         """The runner's stderr (a traceback, should it fail), its last 4 KB kept."""
@@ -320,11 +452,21 @@ class _Watch:
                 self._end("the grading time limit ran out")
                 return
             inside, _, _ = self._inside()
-            if len(inside) > self.limits.processes:
+            with self._lock:
+                if self._oom():
+                    self.oom_cells.add(self.outcome.cell)
+                    self.outcome.note(self._over_memory + ": the out-of-memory killer ended "
+                                      "its largest process")
+            refused = self.cgroups.count("pids", "pids.events", "max")
+            if refused > self._refused or (  # forks refused: the kernel needs its room back
+                    "pids" not in self.cgroups.folders and len(inside) > self.limits.processes):
+                self._refused = refused
                 ended = self._end_others()
-                self.outcome.note(f"{ended} processes ended: the submission ran more than "
-                                  f"{self.limits.processes} at once (the class's process limit)")
-            held = sum(map(self._memory, inside))
+                with self._lock:
+                    self.outcome.note(f"{ended} processes ended: the submission tried to run "
+                                      f"more than {self.limits.processes} at once (the class's "
+                                      "process limit)")
+            held = 0 if "memory" in self.cgroups.folders else sum(map(self._memory, inside))
             if held > limit:
                 why = (f"the submission's processes held {held / 2**30:.1f} GiB together, more "
                        f"than the {limit / 2**30:g} GiB the class allows")
@@ -332,26 +474,28 @@ class _Watch:
                 if sum(map(self._memory, self._inside()[0])) > limit:
                     self._end_kernels(why + ": its kernel was ended", limit)
                 else:
-                    self.outcome.note(why + ": its processes other than the kernel were ended")
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(0.2)  # back at once when the sandbox ends
+                    with self._lock:
+                        self.outcome.note(why + ": its processes other than the kernel were "
+                                          "ended")
+            if self._over.wait(0.2):  # the runner said its last word, or its stream closed
+                return
 
     def _end_others(self) -> int:
         """Kill the sandbox's processes but the runner and its kernel (a fork bomb's, say),
         until none is left; how many were killed."""
-        killed = 0
+        killed: set[int] = set()
         for _ in range(50):
             inside, runner, kernels = self._inside()
             victims = [pid for pid in inside if pid != runner and pid not in kernels]
             if not victims:
-                return killed
+                return len(killed)
             for pid in victims:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-                    killed += 1
+                    killed.add(pid)
             time.sleep(0.01)
         self._end("the submission's processes forked faster than the grader could end them")
-        return killed
+        return len(killed)
 
     def _end_kernels(self, why: str, limit: int) -> None:
         """Kill the kernel too; the runner starts a new one and goes on with the next cell
@@ -414,9 +558,10 @@ def main(argv=None) -> int:
     log.touch()
     Run(nbformat.read(path, as_version=4), path.parent, log, dict(os.environ),
         time.monotonic() + args.timeout, args.cell_timeout, sink, args.setup,
-        sandboxed=True).run()
+        sandboxed=True).run(close=False)
     stream.write(json.dumps({"end": True}) + "\n")
-    return 0
+    stream.flush()
+    os._exit(0)  # the sandbox's PID namespace ends with us, and the last kernel in it
 
 
 if __name__ == "__main__":
