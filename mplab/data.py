@@ -20,8 +20,8 @@ import torch
 
 from mplab.hardware import resolve_device
 
-__all__ = ["DATA_DIR", "TextDataset", "shipped_datasets", "load_dataset", "hf_dataset", "encode",
-           "batches", "batch_rows"]
+__all__ = ["DATA_DIR", "TextDataset", "shipped_datasets", "load_dataset", "hf_dataset", "Columns",
+           "encode", "batches", "batch_rows"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
@@ -98,17 +98,52 @@ def hf_dataset(name_or_path: str | Path = "sentiment", split: str = "train"):
     """One split as a Hugging Face `datasets.Dataset`, as the Trainer lessons load it: a shipped
     name, a folder of `<split>.jsonl` files or a `.jsonl` file through
     `datasets.load_dataset("json", data_files=...)`; any other name from the hub by the same
-    library (where a hub is reachable, or cached). Its rows are `load_dataset`'s, in order."""
+    library (where a hub is reachable, or cached). Its rows are `load_dataset`'s, in order.
+    Where `datasets` is not installed, the same rows as `Columns` (a shipped name or a path)."""
     found = load_dataset(name_or_path, split)  # the same checks and errors as every path's
     try:
         import datasets
-    except ImportError:
-        raise ValueError("the Trainer path loads data through the Hugging Face `datasets` "
-                         "library, which is not installed: pip install -r requirements.txt"
-                         ) from None
+    except ImportError:  # a GPU image without it: the same rows, as the Trainer path reads them
+        return Columns({"text": list(found.texts), "label": list(found.labels)})
     if Path(found.source).is_file():
         return datasets.load_dataset("json", data_files={split: found.source}, split=split)
     return datasets.load_dataset(found.source, split=split)
+
+
+class Columns:
+    """Rows as named columns, for where `datasets` is not installed: what the Trainer path asks
+    of a `datasets.Dataset` (`map(f, batched=True)`, `[:]`, `select`, `num_rows`), the same
+    values in the same order."""
+
+    def __init__(self, columns: dict[str, list]):
+        self.columns = columns
+
+    @property
+    def num_rows(self) -> int:
+        return len(next(iter(self.columns.values()), []))
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self.columns)
+
+    def map(self, function, batched: bool = False) -> Columns:
+        if not batched:
+            raise ValueError("Columns.map applies `function` to all rows at once: "
+                             "pass batched=True")
+        return Columns({**self.columns, **{k: list(v) for k, v in function(self[:]).items()}})
+
+    def select(self, indices) -> Columns:
+        return Columns({k: [v[i] for i in indices] for k, v in self.columns.items()})
+
+    def __getitem__(self, key):
+        if key == slice(None):
+            return dict(self.columns)
+        if isinstance(key, str):
+            return self.columns[key]
+        raise TypeError(f"Columns takes [:] or a column name, got {key!r}")
+
+    def __len__(self) -> int:
+        return self.num_rows
 
 
 def encode(tokenizer, texts: Sequence[str], labels: Sequence[int] | None = None,

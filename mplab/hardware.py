@@ -20,7 +20,8 @@ import torch
 
 from mplab.numerics.formats import get_format
 
-__all__ = ["UNITS", "CPU_KINDS", "CPU_FEATURES_ENV", "has_units", "runs_fast", "resolve_device",
+__all__ = ["UNITS", "CPU_KINDS", "CPU_FEATURES_ENV", "CUDA_UNITS", "has_units", "cuda_units",
+           "recommended_precision", "runs_fast", "resolve_device",
            "no_units_reason", "cpu_features", "describe", "synchronize", "MatmulTiming",
            "time_matmul"]
 
@@ -55,12 +56,53 @@ def has_units(precision: str) -> bool:
     return any(feats[flag] for flag in UNITS[precision])
 
 
-def runs_fast(precision: str, device="auto") -> bool:
-    """Does `precision` compute at full speed on `device`? fp32 and tf32 always, any precision
-    on a GPU, bf16 or fp16 on a CPU only with units for it (without, tens of times slower).
-    Lessons and tests pick their sizes and step counts from it."""
-    if precision in ("fp32", "tf32") or resolve_device(device).type == "cuda":
+#: The CUDA compute capability from which a GPU multiplies in each precision natively: fp16 from
+#: Pascal (6.0; tensor cores from Volta 7.0, the T4 is 7.5), bf16 and tf32 from Ampere (8.0),
+#: fp8 from Ada and Hopper (8.9).
+CUDA_UNITS = {"fp16": (6, 0), "bf16": (8, 0), "tf32": (8, 0), "fp8": (8, 9)}
+
+
+def cuda_units(precision: str, device=None) -> bool:
+    """Does this GPU have units for `precision`, by its compute capability? Where it has none
+    for bf16 (T4, V100), `torch.cuda.is_bf16_supported()` still says True: bf16 is emulated
+    there, in fp32 arithmetic, several times slower than fp16. fp32: always."""
+    if precision == "fp32":
         return True
+    if precision not in CUDA_UNITS:
+        raise ValueError(f"unknown precision {precision!r}; accepted: 'fp32', "
+                         + ", ".join(map(repr, CUDA_UNITS)))
+    return tuple(torch.cuda.get_device_capability(device)) >= CUDA_UNITS[precision]
+
+
+def recommended_precision(device="auto") -> tuple[str, str]:
+    """(precision, why) to train in on `device`: bf16 where it has bf16 units, else fp16 with a
+    GradScaler on a GPU (a T4 or V100: fp16 units, bf16 emulated), else fp32 on a CPU without
+    bf16 units (fp16 and bf16 there run tens of times slower)."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+        if cuda_units("bf16", dev):
+            return "bf16", f"{name} has bf16 units: the same range as fp32, no GradScaler needed"
+        return "fp16", (f"{name} (compute capability "
+                        f"{'.'.join(map(str, torch.cuda.get_device_capability(dev)))}) has fp16 "
+                        "units and no bf16 units (bf16 is emulated there, slowly): fp16 with a "
+                        "GradScaler")
+    if has_units("bf16"):
+        return "bf16", "this CPU has bf16 units"
+    return "fp32", (f"{no_units_reason('bf16')}: fp16 and bf16 run tens of times slower than "
+                    "fp32 here")
+
+
+def runs_fast(precision: str, device="auto") -> bool:
+    """Does `precision` compute at full speed on `device`? fp32 and tf32 always; on a GPU the
+    precisions it has units for (`cuda_units`: bf16 on a T4 is emulated); bf16 or fp16 on a CPU
+    only with units for it (without, tens of times slower). Lessons and tests pick their sizes
+    and step counts from it."""
+    if precision in ("fp32", "tf32"):
+        return True
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        return cuda_units(precision, dev)
     return has_units(precision)
 
 

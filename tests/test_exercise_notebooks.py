@@ -11,11 +11,12 @@ import re
 import shutil
 from pathlib import Path
 
-import nbformat
 import pytest
-from conftest import exercise_ids, lesson_of, lessons
 
-from mplab.exercises import sync
+nbformat = pytest.importorskip("nbformat", reason="the lessons are notebooks: needs nbformat")
+from conftest import exercise_ids, lesson_of, lessons  # noqa: E402
+
+from mplab.exercises import sync  # noqa: E402
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 FIX = "run `python -m mplab.exercises.sync notebooks/*.ipynb` to rewrite it from the library"

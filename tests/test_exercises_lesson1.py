@@ -6,14 +6,15 @@ import math
 import re
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
-from conftest import failed_saying
+from conftest import failed_saying, optional
 
 from mplab.exercises import lesson1 as ex
 from mplab.numerics import formats
 from mplab.numerics.explain import decompose
+
+nbformat = optional("nbformat")
 
 IDS = list(ex.EXERCISES)
 DTYPE = {(5, 10): torch.float16, (8, 7): torch.bfloat16, (5, 2): torch.float8_e5m2}

@@ -11,10 +11,9 @@ import re  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import nbformat  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from conftest import failed_saying, run_cell  # noqa: E402
+from conftest import failed_saying, optional, run_cell  # noqa: E402
 
 from mplab.amp.audit import Observer, audit  # noqa: E402
 from mplab.exercises import HIDDEN_FAILED  # noqa: E402
@@ -23,6 +22,8 @@ from mplab.fixtures import lesson_batch  # noqa: E402
 from mplab.models import lesson_model  # noqa: E402
 from mplab.train import compare  # noqa: E402
 from mplab.train.accelerate_path import fresh_accelerate  # noqa: E402
+
+nbformat = optional("nbformat")
 
 IDS = list(ex.EXERCISES)
 

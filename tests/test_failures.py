@@ -10,6 +10,9 @@ import torch
 from mplab.numerics import failures as X
 from mplab.numerics import formats
 
+#: e4m3 overflows saturate at 448 on torch 2.13 and later, and become NaN before
+SATURATES = formats.TORCH_E4M3_OVERFLOW == "saturate"
+
 
 @pytest.mark.parametrize("precision,k", [("fp16", 11), ("bf16", 8)])
 def test_swamp_threshold_is_where_torch_stops_adding_the_update(precision, k):
@@ -85,7 +88,11 @@ def test_overflow_demo_fp16_inf_turns_to_nan_bf16_stays_finite():
     assert bf16.finite and bf16.first_inf is None
     assert next(s for s in bf16.stages if s.stage.startswith("ff_out")).max_finite == 66_048.0
     assert bf16.loss == pytest.approx(bf16.reference_loss, rel=0.02)
-    assert X.overflow_demo("fp8_e4m3").finite  # saturates at 448 instead
+    e4m3 = X.overflow_demo("fp8_e4m3")  # no inf: torch >= 2.13 saturates at 448, before NaN
+    if SATURATES:
+        assert e4m3.finite
+    else:
+        assert not e4m3.finite and e4m3.first_inf is None and math.isnan(e4m3.loss)
     assert X.overflow_demo("fp8_e5m2").first_nan == "layer_norm"
     assert len(fp16.table()) == len(fp16.stages)
     # the table shows the evidence (per stage, infs and NaNs beside fp32's values) and the
@@ -118,7 +125,8 @@ def test_attention_demo_softmax_steps_are_torchs_and_say_where_the_nan_is_made()
     stored = next(s for s in bf16.stages if s.stage == "scores: q·kᵀ").max_finite
     assert bf16.finite and stored == torch.tensor(X.ATTENTION_SCORE).bfloat16().item()
     assert f"stores it as {stored:,.6g}" in bf16.story()
-    assert "saturates" in X.attention_overflow_demo("fp8_e4m3").story()
+    e4m3 = X.attention_overflow_demo("fp8_e4m3").story()
+    assert ("saturates" in e4m3) if SATURATES else ("first NaN is made at 'scores: q·kᵀ'" in e4m3)
     with pytest.raises(ValueError, match="accepted"):
         X.attention_overflow_demo("fp9")
 

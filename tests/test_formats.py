@@ -12,6 +12,9 @@ import torch
 
 from mplab.numerics import formats
 
+#: The torch release installed, (major, minor): where casts differ by release
+TORCH_RELEASE = tuple(int(part) for part in torch.__version__.split(".")[:2])
+
 LOW = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
 INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
@@ -103,10 +106,21 @@ def test_a_python_float_is_cast_through_fp32_like_torch_and_exact_rounds_once():
     assert formats.round_to(x, "fp16", exact=True) == 1 + 2.0 ** -10
 
 
-def test_e4m3_overflow_saturates_like_torch_and_ml_dtypes_gives_nan():
+def test_e4m3_overflow_is_the_installed_torchs_and_ml_dtypes_gives_nan():
+    """torch 2.13 and later saturate an e4m3 overflow at ±448; torch 2.11 and 2.12 give NaN,
+    as ml_dtypes does. mplab's default e4m3 is the installed torch's, bit for bit."""
     values = [449.0, 464.0, 470.0, 500.0, 1e9, math.inf, -500.0]
-    assert [formats.round_to(v, "fp8_e4m3") for v in values] == \
-        torch.tensor(values).to(torch.float8_e4m3fn).float().tolist()
+    saturates = TORCH_RELEASE >= (2, 13)
+    assert formats.TORCH_E4M3_OVERFLOW == ("saturate" if saturates else "nan")
+    got = [formats.round_to(v, "fp8_e4m3") for v in values]
+    torchs = torch.tensor(values).to(torch.float8_e4m3fn).float().tolist()
+    assert np.array_equal(got, torchs, equal_nan=True)
+    if saturates:
+        assert got[2:] == [448.0, 448.0, 448.0, 448.0, -448.0]
+    else:
+        assert all(math.isnan(v) for v in got[2:])
+    assert got[:2] == [448.0, 448.0]  # 464 is the tie, rounded to the even 448 by both rules
+    assert formats.round_to(500.0, formats.E4M3_SATURATING) == 448.0
     ocp = [formats.round_to(v, formats.E4M3_NAN_ON_OVERFLOW) for v in values[:5]]
     reference = np.array(values[:5], dtype=np.float32).astype(ml_dtypes.float8_e4m3fn)
     np.testing.assert_array_equal(np.array(ocp), reference.astype(np.float64))

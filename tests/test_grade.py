@@ -9,11 +9,12 @@ import subprocess
 import sys
 import time
 
-import nbformat
 import pytest
 
-from mplab.exercises import lesson1 as ex
-from mplab.grade import GradingError, exercise_id, grade_notebook, main
+nbformat = pytest.importorskip("nbformat", reason="grades notebooks: needs nbformat")
+
+from mplab.exercises import lesson1 as ex  # noqa: E402
+from mplab.grade import GradingError, exercise_id, grade_notebook, main  # noqa: E402
 
 MAX = sum(e.points for e in ex.EXERCISES.values())
 

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from mplab.exercises import lesson1
-from mplab.grade import sandbox
-from mplab.grade.classroom import Limits, grade_class, gradebook_rows
-from mplab.grade.sandbox import unavailable
+pytest.importorskip("nbclient", reason="grades notebooks: needs nbclient")
+
+from mplab.exercises import lesson1  # noqa: E402
+from mplab.grade import sandbox  # noqa: E402
+from mplab.grade.classroom import Limits, grade_class, gradebook_rows  # noqa: E402
+from mplab.grade.sandbox import unavailable  # noqa: E402
 
 # The one generator of lesson-1 submissions is the class benchmark's.
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_grade_class.py"

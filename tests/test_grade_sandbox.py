@@ -36,10 +36,12 @@ from pathlib import Path
 
 import pytest
 
-import mplab
-from mplab.exercises import lesson1
-from mplab.exercises.release import release
-from mplab.grade.classroom import (
+pytest.importorskip("nbclient", reason="grades notebooks: needs nbclient")
+
+import mplab  # noqa: E402
+from mplab.exercises import lesson1  # noqa: E402
+from mplab.exercises.release import release  # noqa: E402
+from mplab.grade.classroom import (  # noqa: E402
     Limits,
     fresh_folder,
     grade_class,
@@ -47,7 +49,7 @@ from mplab.grade.classroom import (
     submissions,
     write_csv,
 )
-from mplab.grade.sandbox import unavailable
+from mplab.grade.sandbox import unavailable  # noqa: E402
 
 pytestmark = pytest.mark.slow  # one class graded in sandboxes: about a minute
 

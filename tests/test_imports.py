@@ -16,10 +16,12 @@ import ast
 import importlib
 from pathlib import Path
 
-import nbformat
 import pytest
+from conftest import optional
 
 import mplab
+
+nbformat = optional("nbformat")
 
 PACKAGE = Path(mplab.__file__).resolve().parent
 NOTEBOOKS = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
@@ -27,7 +29,7 @@ NOTEBOOKS = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
 #: The floors, lowest first: a module imports from its own floor or below, never above.
 #: `mplab` itself (the package's face: `mplab.diagnose`) is on the top floor, with the teaching.
 FLOORS = (
-    ("mplab._display", "mplab._moved"),
+    ("mplab._display", "mplab._moved", "mplab._optional"),
     ("mplab.numerics",),
     ("mplab.hardware", "mplab.data", "mplab.models", "mplab.plots"),
     ("mplab.amp", "mplab.lowbit"),

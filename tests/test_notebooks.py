@@ -3,9 +3,11 @@
 import copy
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+
+nbformat = pytest.importorskip("nbformat", reason="runs the lessons: needs nbformat")
+NotebookClient = pytest.importorskip(
+    "nbclient", reason="runs the lessons: needs nbclient").NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 LESSONS = [p for p in NOTEBOOKS if p.name[:2].isdigit()]

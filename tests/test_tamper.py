@@ -6,12 +6,13 @@ import json
 import re
 from pathlib import Path
 
-import nbformat
 import pytest
 
-from mplab import exercises
-from mplab.grade import exercise_id, grade_notebook
-from mplab.grade.tamper import KINDS, tamper_flags
+nbformat = pytest.importorskip("nbformat", reason="grades notebooks: needs nbformat")
+
+from mplab import exercises  # noqa: E402
+from mplab.grade import exercise_id, grade_notebook  # noqa: E402
+from mplab.grade.tamper import KINDS, tamper_flags  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 LESSON_1 = NOTEBOOKS / "01_float_formats.ipynb"

@@ -234,6 +234,18 @@ def test_the_trainer_loads_a_local_folder_through_datasets_and_evaluates_every_e
     assert abs(trainer.eval_accuracy - ours.eval_accuracy) <= 2 / 60  # the same 60 reviews
 
 
+def test_without_datasets_the_trainer_trains_and_evaluates_on_the_same_rows(monkeypatch):
+    """A GPU image without the `datasets` library: the Trainer path reads the rows through
+    mplab's loader and tokenizes them as `datasets.map` does, so the run is the same."""
+    pytest.importorskip("datasets")  # the run through it, to compare with
+    settings = {**TINY, "steps": 6, "eval_samples": 40}
+    with_datasets = quiet_train(path="trainer", **settings)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` now fails
+    without = quiet_train(path="trainer", **settings)
+    assert without.losses == with_datasets.losses
+    assert without.eval_accuracy == with_datasets.eval_accuracy
+
+
 def test_the_trainers_data_loader_names_a_dataset_it_cannot_find():
     from mplab import data
 

@@ -5,17 +5,19 @@ the HTML render of each executed lesson is checked in test_notebooks."""
 import base64
 import html
 
-import ipywidgets as widgets
 import pytest
 
-from mplab import fixtures
-from mplab.diagnosis import lab
-from mplab.widgets._common import StaticView, static_html
-from mplab.widgets.lesson1 import precision_explorer
-from mplab.widgets.lesson2 import loss_scale_explorer, swamping_demo
-from mplab.widgets.lesson3 import scaler_stepper
-from mplab.widgets.lesson7 import failure_lab
-from mplab.widgets.training import training_panel
+widgets = pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, "
+                              "not installed")
+
+from mplab import fixtures  # noqa: E402
+from mplab.diagnosis import lab  # noqa: E402
+from mplab.widgets._common import StaticView, static_html  # noqa: E402
+from mplab.widgets.lesson1 import precision_explorer  # noqa: E402
+from mplab.widgets.lesson2 import loss_scale_explorer, swamping_demo  # noqa: E402
+from mplab.widgets.lesson3 import scaler_stepper  # noqa: E402
+from mplab.widgets.lesson7 import failure_lab  # noqa: E402
+from mplab.widgets.training import training_panel  # noqa: E402
 
 WIDGETS = {
     "precision explorer": lambda: precision_explorer(0.1),

@@ -8,17 +8,21 @@ import time
 from pathlib import Path
 
 import ml_dtypes
-import nbformat
 import numpy as np
 import pytest
-import torch
-from matplotlib.figure import Figure
-from PIL import Image
+from conftest import optional
 
-from mplab import fixtures, plots
-from mplab.numerics import explain, formats
-from mplab.widgets import lesson1
-from mplab.widgets.lesson1 import precision_explorer
+pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, not installed")
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from mplab import fixtures, plots  # noqa: E402
+from mplab.numerics import explain, formats  # noqa: E402
+from mplab.widgets import lesson1  # noqa: E402
+from mplab.widgets.lesson1 import precision_explorer  # noqa: E402
+
+nbformat = optional("nbformat")
 
 
 def same(a: float, b: float) -> bool:

@@ -6,15 +6,17 @@ mplab.numerics.casts and mplab.numerics.failures where the reference is a sum or
 import re
 
 import pytest
-import torch
 
-from mplab.amp.capture import Capture, capture
-from mplab.models import lesson_model
-from mplab.numerics.casts import largest_safe_scale
-from mplab.numerics.failures import swamping_run
-from mplab.numerics.formats import dtype_of
-from mplab.widgets import lesson2
-from mplab.widgets.lesson2 import loss_scale_explorer, swamping_demo
+pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, not installed")
+import torch  # noqa: E402
+
+from mplab.amp.capture import Capture, capture  # noqa: E402
+from mplab.models import lesson_model  # noqa: E402
+from mplab.numerics.casts import largest_safe_scale  # noqa: E402
+from mplab.numerics.failures import swamping_run  # noqa: E402
+from mplab.numerics.formats import dtype_of  # noqa: E402
+from mplab.widgets import lesson2  # noqa: E402
+from mplab.widgets.lesson2 import loss_scale_explorer, swamping_demo  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,14 @@ The reference is torch.amp.GradScaler itself, stepped through the same iteration
 import re
 
 import pytest
-import torch
 
-from mplab import plots
-from mplab.fixtures import ScalerRun
-from mplab.widgets import lesson3
-from mplab.widgets.lesson3 import scaler_stepper
+pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, not installed")
+import torch  # noqa: E402
+
+from mplab import plots  # noqa: E402
+from mplab.fixtures import ScalerRun  # noqa: E402
+from mplab.widgets import lesson3  # noqa: E402
+from mplab.widgets.lesson3 import scaler_stepper  # noqa: E402
 
 
 def torch_run(clicks: list[bool], **settings) -> torch.amp.GradScaler:

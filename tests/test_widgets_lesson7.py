@@ -9,10 +9,12 @@ import re
 
 import pytest
 
-from mplab import diagnose
-from mplab.diagnosis import CAUSES, Diagnosis, Finding, lab
-from mplab.train import NonFiniteLossError, TrainResult
-from mplab.widgets.lesson7 import failure_lab, verdict
+pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, not installed")
+
+from mplab import diagnose  # noqa: E402
+from mplab.diagnosis import CAUSES, Diagnosis, Finding, lab  # noqa: E402
+from mplab.train import NonFiniteLossError, TrainResult  # noqa: E402
+from mplab.widgets.lesson7 import failure_lab, verdict  # noqa: E402
 
 
 def text(value: str) -> str:

@@ -3,9 +3,11 @@ in the widget, never raised into the kernel."""
 
 import pytest
 
-from mplab.train import plan
-from mplab.widgets import lesson8
-from mplab.widgets._common import static_html
+pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, not installed")
+
+from mplab.train import plan  # noqa: E402
+from mplab.widgets import lesson8  # noqa: E402
+from mplab.widgets._common import static_html  # noqa: E402
 
 
 def test_the_planner_shows_the_plans_parts_and_whether_they_fit():

@@ -2,12 +2,14 @@
 as mplab.lowbit computes them, and a pick that does not fit says so without losing the view."""
 
 import pytest
-import torch
 
-from mplab import lowbit
-from mplab.fixtures import lesson_capture
-from mplab.widgets import lesson9
-from mplab.widgets._common import static_html
+pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, not installed")
+import torch  # noqa: E402
+
+from mplab import lowbit  # noqa: E402
+from mplab.fixtures import lesson_capture  # noqa: E402
+from mplab.widgets import lesson9  # noqa: E402
+from mplab.widgets._common import static_html  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,13 @@ The reference is mplab.train.train called directly with the same settings."""
 import re
 
 import pytest
-import torch
 
-from mplab.train import NonFiniteLossError, TrainResult, train
-from mplab.widgets import lesson4
-from mplab.widgets.training import training_panel
+pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, not installed")
+import torch  # noqa: E402
+
+from mplab.train import NonFiniteLossError, TrainResult, train  # noqa: E402
+from mplab.widgets import lesson4  # noqa: E402
+from mplab.widgets.training import training_panel  # noqa: E402
 
 TINY = {"batch_size": 8, "eval_samples": 16, "warmup_steps": 0}
 

@@ -46,7 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from mplab._display import Table
-from mplab.hardware import resolve_device
+from mplab.hardware import cuda_units, resolve_device
 from mplab.numerics.formats import dtype_of, get_format
 
 __all__ = ["KINDS", "OpRecord", "Trace", "LayerView", "parse_precision", "trace", "POLICY_CALLS",
@@ -426,9 +426,9 @@ def trace(model, batch_or_inputs, *, precision="bf16", device="auto", loss_fn=No
         dev = torch.device("cuda", torch.cuda.current_device())
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if dev.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"{torch.cuda.get_device_name(dev)} does not support bf16; "
-                         "trace with precision='fp16'")
+    if dev.type == "cuda" and dtype == torch.bfloat16 and not cuda_units("bf16", dev):
+        raise ValueError(f"{torch.cuda.get_device_name(dev)} has no bf16 units (bf16 is "
+                         "emulated there); trace with precision='fp16'")
     if loss_fn is not None and not callable(loss_fn):
         raise ValueError(f"loss_fn must be a function of the model's output, got {loss_fn!r}")
     call = _caller(batch_or_inputs, dev)

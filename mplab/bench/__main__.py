@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from mplab.hardware import describe, resolve_device
+from mplab.hardware import describe, recommended_precision, resolve_device
 
 from .quantizers import PRESETS, quantizer_record, quantizer_speed, quantizer_table
 from .record import cli_command, finite, record_table, run_plan
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> dict:
     plan = Plan.for_device(dev.type, quick=args.quick, tiny=args.tiny,
                            lesson=getattr(args, "lesson", False))
     print(f"mplab.bench on {describe(dev.type)}; torch {torch.__version__}")
+    print("to train in here: {} ({})".format(*recommended_precision(dev)))
     print(f"{plan.name} run: precisions {', '.join(plan.precisions)}; "
           f"{plan.steps} training steps per row (the first is warm-up)\n", flush=True)
 

@@ -215,14 +215,14 @@ def one_step(args) -> OneStep:
     batch size and accumulation), on lesson reviews; count the model's forward passes and the
     Trainer's calls of `accelerator.clip_grad_norm_` that clip (to a finite norm), then audit
     what ran (the matmuls watched over one more step)."""
-    from datasets import Dataset
     from transformers import PrinterCallback, Trainer
 
     rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
     with _quiet_transformers(), fresh_accelerate():
         model = models.lesson_model()
         batch = _reviews(models.lesson_tokenizer(), rows)
-        dataset = Dataset.from_dict({k: v.tolist() for k, v in batch.items()})
+        # rows as dicts of tensors: any sequence is a Trainer dataset (no `datasets` needed)
+        dataset = [{k: v[i] for k, v in batch.items()} for i in range(rows)]
         trainer = Trainer(model=model, args=args, train_dataset=dataset)
         trainer.remove_callback(PrinterCallback)
         counts = Counter()

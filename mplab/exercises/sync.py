@@ -21,11 +21,12 @@ import re
 import sys
 from pathlib import Path
 
-import nbformat
-
+from mplab._optional import require
 from mplab.exercises import CELL_METADATA_KEY, Lesson
 
 __all__ = ["lesson", "exercise_id", "sync", "missing", "main"]
+
+nbformat = require("nbformat", "mplab.exercises.sync (writing the lessons' exercise cells)")
 
 
 def lesson(number) -> Lesson:

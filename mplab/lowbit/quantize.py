@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mplab._optional import require
 from mplab.numerics.formats import FloatFormat, get_format, to_bits
 
 __all__ = ["Quantized", "round_to_format", "scale_and_cast", "abs_max", "encode",
@@ -44,6 +45,7 @@ def load_torchao():
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        require("torchao", "torchao's recipes (and mplab's comparisons with them)")
         import torchao
         import torchao.float8
         import torchao.prototype.mx_formats.mx_tensor  # noqa: F401

@@ -420,7 +420,8 @@ def overflow_demo(precision="fp16") -> OverflowDemo:
     the whole token turns NaN, then the loss of the batch. In bf16 (8 exponent bits) it stays
     finite, rounded to 66,048. fp16, bf16 and fp32 run natively in that dtype (fp16 matmuls are
     slow on a CPU; these are tiny). fp8 has no CPU arithmetic: it is simulated, fp32 arithmetic
-    with every weight, input and result rounded to fp8 (e4m3 saturates at 448 instead).
+    with every weight, input and result rounded to fp8 as the installed torch casts it (e4m3
+    has no inf: torch 2.13 and later saturate at 448, earlier releases make the overflow NaN).
     """
     return _run_demo(precision, _demo_block(), _demo_stages, "Feed-forward block")
 

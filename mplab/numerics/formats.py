@@ -15,9 +15,10 @@ Two behaviours of torch are matched on purpose and worth knowing:
 - A Python float is a double. torch casts a double to fp16, bf16 or fp8 *through fp32*, so it
   rounds twice; the default here does the same. Pass ``exact=True`` to round the exact value of
   the input once (what a mathematician would call the nearest value).
-- fp8 e4m3 (``float8_e4m3fn``) has no infinity. torch saturates an overflow to ±448 (even inf);
-  ml_dtypes returns NaN. The default format matches torch; ``E4M3_NAN_ON_OVERFLOW`` is the other
-  convention.
+- fp8 e4m3 (``float8_e4m3fn``) has no infinity. torch 2.13 and later saturate an overflow to
+  ±448 (even inf); torch before 2.13 and ml_dtypes return NaN. The default format matches the
+  torch installed (``TORCH_E4M3_OVERFLOW`` says which it does); ``E4M3_SATURATING`` and
+  ``E4M3_NAN_ON_OVERFLOW`` are the two conventions by name.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from mplab.numerics.parse import exact_value, parse_number, read_number, to_floa
 __all__ = [
     "FloatFormat", "FORMATS", "get_format", "dtype_of", "parse_number", "exact_value",
     "from_bits", "to_bits", "round_to", "field_bits", "kind_of", "ulp", "next_up", "next_down",
-    "E4M3_NAN_ON_OVERFLOW", "floor_log2", "LOW_BIT_FORMATS", "ALL_FORMATS", "dtype_name",
+    "E4M3_NAN_ON_OVERFLOW", "E4M3_SATURATING", "TORCH_E4M3_OVERFLOW", "floor_log2",
+    "LOW_BIT_FORMATS", "ALL_FORMATS", "dtype_name",
     "dtype_from_name", "FP32", "TF32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP8_E4M3FNUZ",
     "FP8_E5M2FNUZ", "FP6_E3M2", "FP6_E2M3", "FP4_E2M1", "E8M0",
 ]
@@ -146,11 +148,17 @@ FP32 = FloatFormat("fp32", 8, 23, 127, torch_dtype="float32", title="IEEE binary
 TF32 = FloatFormat("tf32", 8, 10, 127, title="TensorFloat-32 (how tensor cores read fp32)")
 FP16 = FloatFormat("fp16", 5, 10, 15, torch_dtype="float16", title="IEEE binary16")
 BF16 = FloatFormat("bf16", 8, 7, 127, torch_dtype="bfloat16", title="bfloat16")
-FP8_E4M3 = FloatFormat("fp8_e4m3", 4, 3, 7, nan="fn", overflow="saturate",
+#: What the installed torch makes of an e4m3 overflow: "saturate" (±448, torch 2.13 and later)
+#: or "nan" (torch 2.11 and 2.12, as ml_dtypes). Asked of torch itself, once.
+TORCH_E4M3_OVERFLOW = ("saturate" if torch.tensor(1e6).to(torch.float8_e4m3fn).float().item()
+                       == 448 else "nan")
+FP8_E4M3 = FloatFormat("fp8_e4m3", 4, 3, 7, nan="fn", overflow=TORCH_E4M3_OVERFLOW,
                        torch_dtype="float8_e4m3fn", title="OCP FP8 E4M3 (torch float8_e4m3fn)")
 FP8_E5M2 = FloatFormat("fp8_e5m2", 5, 2, 15, torch_dtype="float8_e5m2", title="OCP FP8 E5M2")
-#: e4m3 as ml_dtypes casts it: an overflow becomes NaN instead of saturating at 448.
+#: e4m3 as ml_dtypes (and torch before 2.13) casts it: an overflow becomes NaN.
 E4M3_NAN_ON_OVERFLOW = FP8_E4M3.with_overflow("nan")
+#: e4m3 as torch 2.13 and later cast it: an overflow saturates at ±448.
+E4M3_SATURATING = FP8_E4M3.with_overflow("saturate")
 # Below 8 bits and the scale formats (lesson 9). Casts follow torch where torch has the dtype and
 # ml_dtypes where it has not (fp4 and fp6 saturate: the formats have no inf and no NaN).
 FP8_E4M3FNUZ = FloatFormat("fp8_e4m3fnuz", 4, 3, 8, nan="fnuz", overflow="nan",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from mplab.hardware import has_units, no_units_reason, time_matmul
+from mplab.hardware import cuda_units, has_units, no_units_reason, time_matmul
 
 __all__ = ["TrainWarning", "NonFiniteLossError", "check_precision", "low_precision_cost",
            "non_finite_message"]
@@ -26,19 +26,13 @@ class NonFiniteLossError(FloatingPointError):
 
 def check_precision(precision: str, device: torch.device) -> None:
     """bf16 needs a GPU with bf16 units (Ampere or newer); fp16 and bf16 run on any CPU."""
-    if precision == "bf16" and device.type == "cuda" and not _cuda_bf16(device):
+    if precision == "bf16" and device.type == "cuda" and not cuda_units("bf16", device):
+        # torch.cuda.is_bf16_supported() says True here too: bf16 is emulated, slowly
         name = torch.cuda.get_device_name(device)
-        raise ValueError(f"precision 'bf16' was asked for, but {name} has no bf16 support "
-                         f"(compute capability {torch.cuda.get_device_capability(device)}); "
-                         "accepted on this GPU: 'fp16' (with a GradScaler), 'fp32'")
-
-
-def _cuda_bf16(device: torch.device) -> bool:
-    with torch.cuda.device(device):
-        try:  # torch >= 2.4 counts emulated bf16 as "supported" unless told not to
-            return torch.cuda.is_bf16_supported(including_emulation=False)
-        except TypeError:
-            return torch.cuda.is_bf16_supported()
+        raise ValueError(f"precision 'bf16' was asked for, but {name} has no bf16 units "
+                         f"(compute capability {torch.cuda.get_device_capability(device)}; "
+                         "bf16 needs 8.0, Ampere, or later); accepted on this GPU: 'fp16' (with "
+                         "a GradScaler, what mplab recommends here), 'fp32'")
 
 
 def low_precision_cost(precision: str, device: torch.device) -> tuple[float, str] | None:

@@ -40,7 +40,7 @@ import torch
 from mplab import data, models
 from mplab._display import Table
 from mplab.amp.audit import Observer
-from mplab.hardware import has_units, resolve_device, synchronize
+from mplab.hardware import cuda_units, has_units, resolve_device, synchronize
 from mplab.lowbit.qdq import QDQ_RECIPES, GradCasts, convert_to_qdq, fp8_filter
 from mplab.lowbit.quantize import load_torchao
 from mplab.plots import loss_curves_plot
@@ -81,11 +81,11 @@ def _torchao_model(model: torch.nn.Module, recipe: str, emulate: bool) -> torch.
 
 def _fp8_matmuls(device: torch.device) -> bool:
     """Does the device multiply in fp8? GPUs of compute capability 8.9 (Ada, Hopper) and up."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+    return device.type == "cuda" and cuda_units("fp8", device)
 
 
 def _bf16_units(device: torch.device) -> bool:
-    return torch.cuda.is_bf16_supported() if device.type == "cuda" else has_units("bf16")
+    return cuda_units("bf16", device) if device.type == "cuda" else has_units("bf16")
 
 
 # ---- the runs ---------------------------------------------------------------------------------

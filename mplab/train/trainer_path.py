@@ -1,7 +1,8 @@
 """Lesson 6's path, the Hugging Face Trainer: the same training in the course's few lines, with
 `TrainingArguments(fp16=... or bf16=...)` asking Accelerate for the mixed precision.
 
-`train_trainer` below is the course's code: data through `datasets`, `TrainingArguments`,
+`train_trainer` below is the course's code: data through `datasets` (where it is not installed,
+`data.hf_dataset` hands over the same columns), `TrainingArguments`,
 `Trainer(...)`, `trainer.train()`; `[mplab]` tags mplab's bookkeeping, as in torch_path.py.
 `RecordRun`, a `TrainerCallback`, turns the Trainer's logs into the `TrainResult` every path
 returns. `trainer_settings` maps `TrainConfig` onto the Trainer's arguments, so that it
@@ -235,8 +236,11 @@ def _in_run_order(run: Run, tokenized: dict):
 
 @contextmanager
 def _quiet_datasets():
-    import datasets
-
+    try:
+        import datasets
+    except ImportError:  # data.hf_dataset's stand-in: no progress bars to quiet
+        yield
+        return
     shown = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import importlib
 
+from mplab._optional import require
+
+require("ipywidgets", "mplab.widgets (the lessons' widgets)")
+
 #: widget -> the module that builds it.
 WIDGETS = {
     "precision_explorer": "lesson1", "loss_scale_explorer": "lesson2", "swamping_demo": "lesson2",
