@@ -78,7 +78,6 @@ def test_two_dtypes_met_outside_a_backward_is_a_hand_cast(op):
 
 
 def test_a_gpu_without_bf16_and_a_machine_without_cuda_are_refusals(monkeypatch):
-    monkeypatch.setattr(errors, "_cuda_bf16", lambda device: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Tesla T4")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 5))
     err = raised(lambda: errors.check_precision("bf16", torch.device("cuda", 0)))

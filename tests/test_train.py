@@ -311,10 +311,9 @@ def test_cuda_without_a_gpu_is_a_clear_error():
 
 
 def test_bf16_on_a_gpu_without_bf16_units_names_the_gpu_and_the_alternatives(monkeypatch):
-    monkeypatch.setattr(errors, "_cuda_bf16", lambda device: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
-    with pytest.raises(ValueError, match=r"Tesla V100 has no bf16 support .*'fp16'"):
+    with pytest.raises(ValueError, match=r"Tesla V100 has no bf16 units .*'fp16'"):
         errors.check_precision("bf16", torch.device("cuda", 0))
     errors.check_precision("fp16", torch.device("cuda", 0))  # fine
     errors.check_precision("fp16", torch.device("cpu"))  # fine too: CPU GradScaler, torch 2.3

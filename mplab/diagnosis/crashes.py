@@ -190,7 +190,7 @@ def _fill_out_of_range(c: Crash) -> Finding | None:
 
 @emits("precision_refused")
 def _precision_refused(c: Crash) -> Finding | None:
-    found = c.says(r"was asked for, but .* has no bf16 support",
+    found = c.says(r"was asked for, but .* has no bf16 (?:support|units)",
                    r"does not support bfloat16",
                    r"not implemented for '(?:Half|BFloat16|Float8\w*)'",
                    r"Torch not compiled with CUDA enabled")
