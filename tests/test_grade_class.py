@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("nbclient", reason="grades notebooks: needs nbclient")
+pytest.importorskip("nbclient", reason="needs nbclient, which is not installed")
 
 from mplab.exercises import lesson1  # noqa: E402
 from mplab.grade import sandbox  # noqa: E402

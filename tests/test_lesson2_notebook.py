@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat", reason="reads lesson 2's notebook: needs nbformat")
+nbformat = pytest.importorskip("nbformat", reason="needs nbformat, which is not installed")
 
 from mplab.exercises import lesson4  # noqa: E402
 

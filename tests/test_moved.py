@@ -38,7 +38,7 @@ def test_a_split_module_finds_each_name_in_its_new_home():
 def test_the_old_imports_a_notebook_wrote_run_in_a_fresh_process():
     """`from mplab import formats as F`, lesson 4's widget module, the README's mplab.plan:
     each runs, warns once, and is the same object as the new path's."""
-    pytest.importorskip("ipywidgets", reason="imports lesson 4's widget module")
+    pytest.importorskip("ipywidgets", reason="needs ipywidgets, which is not installed")
     code = (
         "import warnings\n"
         "warnings.simplefilter('error')\n"  # any warning but ours would fail here

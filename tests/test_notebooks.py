@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat", reason="runs the lessons: needs nbformat")
+nbformat = pytest.importorskip("nbformat", reason="needs nbformat, which is not installed")
 NotebookClient = pytest.importorskip(
-    "nbclient", reason="runs the lessons: needs nbclient").NotebookClient
+    "nbclient", reason="needs nbclient, which is not installed").NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 LESSONS = [p for p in NOTEBOOKS if p.name[:2].isdigit()]

@@ -9,12 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import OPTIONAL
 
-#: What the GPU image lacks, as benchmarks/gpu_image.txt (its packages) lists it.
-ABSENT = next(line.split(":", 1)[1].split() for line in
-              (ROOT / "benchmarks" / "gpu_image.txt").read_text().splitlines()
-              if line.startswith("# absent:"))
+ROOT = Path(__file__).resolve().parents[1]
 
 #: The modules that need one of them, and the packages they may miss.
 NEEDS = {"mplab.widgets": {"ipywidgets"}, "mplab.exercises.sync": {"nbformat"},
@@ -69,7 +66,7 @@ print(json.dumps(outcome))
 
 def test_the_library_imports_without_the_lessons_packages():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", PROBE, ",".join(ABSENT)], env=env,
+    done = subprocess.run([sys.executable, "-c", PROBE, ",".join(OPTIONAL)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     outcome = json.loads(done.stdout.splitlines()[-1])

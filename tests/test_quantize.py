@@ -14,7 +14,7 @@ from mplab.fixtures import lesson_capture
 from mplab.lowbit import microscaling as M
 from mplab.lowbit import quantize as Q
 
-pytest.importorskip("torchao", reason="mplab's recipes are checked against torchao, not installed")
+pytest.importorskip("torchao", reason="needs torchao, which is not installed")
 TORCHAO = Q.load_torchao()
 from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8  # noqa: E402
 from torchao.float8.float8_utils import amax_to_scale  # noqa: E402

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat", reason="grades notebooks: needs nbformat")
+nbformat = pytest.importorskip("nbformat", reason="needs nbformat, which is not installed")
 
 from mplab import exercises  # noqa: E402
 from mplab.grade import exercise_id, grade_notebook  # noqa: E402

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import optional
 
-pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, not installed")
+pytest.importorskip("ipywidgets", reason="needs ipywidgets, which is not installed")
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from PIL import Image  # noqa: E402

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, not installed")
+pytest.importorskip("ipywidgets", reason="needs ipywidgets, which is not installed")
 
 from mplab import diagnose  # noqa: E402
 from mplab.diagnosis import CAUSES, Diagnosis, Finding, lab  # noqa: E402

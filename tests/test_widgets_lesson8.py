@@ -3,7 +3,7 @@ in the widget, never raised into the kernel."""
 
 import pytest
 
-pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, not installed")
+pytest.importorskip("ipywidgets", reason="needs ipywidgets, which is not installed")
 
 from mplab.train import plan  # noqa: E402
 from mplab.widgets import lesson8  # noqa: E402

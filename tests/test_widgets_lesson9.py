@@ -3,7 +3,7 @@ as mplab.lowbit computes them, and a pick that does not fit says so without losi
 
 import pytest
 
-pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, not installed")
+pytest.importorskip("ipywidgets", reason="needs ipywidgets, which is not installed")
 import torch  # noqa: E402
 
 from mplab import lowbit  # noqa: E402

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-pytest.importorskip("ipywidgets", reason="the lessons' widgets are ipywidgets, not installed")
+pytest.importorskip("ipywidgets", reason="needs ipywidgets, which is not installed")
 import torch  # noqa: E402
 
 from mplab.train import NonFiniteLossError, TrainResult, train  # noqa: E402
