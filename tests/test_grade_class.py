@@ -141,7 +141,7 @@ def test_a_fork_bomb_costs_nothing_else_and_no_process_of_it_survives(klass):
     forker = by["forker"]
     assert forker["exercises"][0]["status"] == "not attempted"  # the cell ran to its end
     if forker["sandbox"] != "none":  # the grader ended the processes past the limit
-        assert any("process limit" in p["problem"] for p in forker["problems"])
+        assert any("process limit" in p["problem"] for p in forker["problems"]), forker["problems"]
     later = list(lesson1.EXERCISES)[1:]
     assert graded(forker, later) == graded(by["key"], later)  # and so did the rest
 
@@ -227,3 +227,22 @@ def test_an_unsandboxed_class_says_so_on_its_gradebook(tmp_path, capsys):
     assert main([str(folder), "--csv", str(out), "--no-sandbox", "--jobs", "1"]) == 0
     assert "UNSANDBOXED" in capsys.readouterr().out
     assert [r["sandbox"] for r in csv.DictReader(out.open())] == ["none"]
+
+
+def test_a_kernel_under_the_memory_limit_imports_torch_and_cannot_allocate_past_it():
+    """The kernel's memory limit counts what it allocates, not the address space it maps:
+    torch imports under a limit below the address space it maps on import (its CPU build maps
+    0.7 GB, its CUDA build 3.2 GB, of which its libraries' data take about 1 GB), and 2 GB of
+    bytes is refused with a MemoryError in the cell."""
+    import torch
+
+    limit = 0.6 if torch.version.cuda is None else 1.2
+    code = Limits(memory_gb=limit).kernel_code() + "\n" + (
+        "import torch, transformers\n"
+        "try:\n"
+        "    bytearray(2 * 2**30)\n"
+        "except MemoryError:\n"
+        "    print('refused')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "refused", done.stderr[-2000:]

@@ -9,8 +9,8 @@ so; other files are listed as skipped). Each copy then runs in a bubblewrap sand
 (:mod:`mplab.grade.sandbox`: the learner's release of mplab without the key, its own tmpfs, no
 network, no other submission, limits for the whole sandbox, nothing left alive after it), and
 the grader scores what it logged in its own process. Before any cell the kernel also limits
-itself (``resource.setrlimit``, inherited by what it forks): address space (`memory_gb`), CPU
-time (`cpu_s`), file size (`file_mb`), processes (`processes`).
+itself (``resource.setrlimit``, inherited by what it forks): the memory a process allocates
+(`memory_gb`, RLIMIT_DATA), CPU time (`cpu_s`), file size (`file_mb`), processes (`processes`).
 
 A machine that cannot make a sandbox (no unprivileged user namespaces) stops with a message
 saying what to enable. ``--no-sandbox`` grades without one, as before: each kernel in a
@@ -48,7 +48,7 @@ MAX_NOTEBOOK_MB = 100
 
 @dataclass(frozen=True)
 class Limits:
-    """What one submission's kernel may use: address space, CPU seconds, the largest file it
+    """What one submission's kernel may use: memory it allocates, CPU seconds, the largest file it
     writes, processes (RLIMIT_NPROC counts the user's processes, and root is exempt)."""
 
     memory_gb: float = 8.0
@@ -59,8 +59,11 @@ class Limits:
     output_mb: float = 64.0  # the grade-log records a sandbox may stream to the grader
 
     def kernel_code(self) -> str:
-        """One line of Python the kernel runs first: each limit, soft and hard."""
-        pairs = [("RLIMIT_AS", int(self.memory_gb * 2**30)), ("RLIMIT_CPU", int(self.cpu_s)),
+        """One line of Python the kernel runs first: each limit, soft and hard. Memory is held
+        by RLIMIT_DATA (what a process allocates and may write), not RLIMIT_AS: a CUDA build of
+        torch (pip's default on Linux) maps 3 GB of address space it never touches on import,
+        and a GPU's runtime reserves tens of GB more."""
+        pairs = [("RLIMIT_DATA", int(self.memory_gb * 2**30)), ("RLIMIT_CPU", int(self.cpu_s)),
                  ("RLIMIT_FSIZE", int(self.file_mb * 2**20)), ("RLIMIT_NPROC", self.processes)]
         sets = "; ".join(f"_r.setrlimit(_r.{name}, ({value}, {value}))" for name, value in pairs)
         return f"import resource as _r; {sets}; del _r"

@@ -31,7 +31,7 @@ hierarchies, or v2's delegated), the kernel holds all the sandbox's processes to
 ends the largest process, the kernel, and the runner starts a new one, as after a crash).
 Elsewhere the grader adds up the memory of all its processes (PSS) and counts them every
 0.2 s, and ends those past the limits (``RLIMIT_NPROC`` binds too, but not for a grader run as
-root: its sandbox's user is root outside). Each process also has its address space, CPU time
+root: its sandbox's user is root outside). Each process also has its allocated memory, CPU time
 and file size limited; the grader reads at most `Limits.output_mb` of records, and at the time
 limit kills bwrap, and with it the PID namespace: nothing a kernel started outlives its
 grading.
@@ -346,6 +346,7 @@ class _Watch:
 
     def __init__(self, proc, limits, outcome, cgroups: _Cgroups):
         self.proc, self.limits, self.outcome, self.cgroups = proc, limits, outcome, cgroups
+        self.tasks = 0  # the sandbox's processes' threads, as last counted (`_inside`)
         self._over = threading.Event()  # set by the reader: the end, or the stream closed
         self._refused = 0  # forks the pids cgroup refused, so far
         self._ooms = 0  # the out-of-memory kills seen so far, and in which cells
@@ -419,12 +420,14 @@ class _Watch:
         /proc's parent links; the runner among them (init's first-started child) and its
         children, the kernels."""
         children: dict[int, list[tuple[int, int]]] = {}
+        threads: dict[int, int] = {}
         for name in os.listdir("/proc"):
             if name.isdigit():
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     stat = Path(f"/proc/{name}/stat").read_bytes()
                     fields = stat[stat.rindex(b")") + 2:].split()
                     children.setdefault(int(fields[1]), []).append((int(fields[19]), int(name)))
+                    threads[int(name)] = int(fields[17])
         init = [pid for _, pid in children.get(self.proc.pid, [])]
         below = sorted(children.get(init[0], [])) if init else []
         found, todo = [], [pid for _, pid in below]
@@ -433,6 +436,7 @@ class _Watch:
             found.append(pid)
             todo += [child for _, child in children.get(pid, [])]
         self._runner = self._runner or (below[0][1] if below else None)
+        self.tasks = sum(threads.get(pid, 1) for pid in found)  # what RLIMIT_NPROC counts
         return found, self._runner, [pid for _, pid in children.get(self._runner, [])]
 
     @staticmethod
@@ -457,15 +461,7 @@ class _Watch:
                     self.oom_cells.add(self.outcome.cell)
                     self.outcome.note(self._over_memory + ": the out-of-memory killer ended "
                                       "its largest process")
-            refused = self.cgroups.count("pids", "pids.events", "max")
-            if refused > self._refused or (  # forks refused: the kernel needs its room back
-                    "pids" not in self.cgroups.folders and len(inside) > self.limits.processes):
-                self._refused = refused
-                ended = self._end_others()
-                with self._lock:
-                    self.outcome.note(f"{ended} processes ended: the submission tried to run "
-                                      f"more than {self.limits.processes} at once (the class's "
-                                      "process limit)")
+            self._check_processes()
             held = 0 if "memory" in self.cgroups.folders else sum(map(self._memory, inside))
             if held > limit:
                 why = (f"the submission's processes held {held / 2**30:.1f} GiB together, more "
@@ -478,7 +474,24 @@ class _Watch:
                         self.outcome.note(why + ": its processes other than the kernel were "
                                           "ended")
             if self._over.wait(0.2):  # the runner said its last word, or its stream closed
+                # once more: a fork bomb in the last cell may have come while memory was read
+                self._inside()
+                self._check_processes()
                 return
+
+    def _check_processes(self) -> None:
+        """At the process limit (forks refused by the pids cgroup; without it, as many tasks as
+        the limit, where RLIMIT_NPROC, counting threads too, refuses them): end all but the
+        runner and its kernel, and say so."""
+        refused = self.cgroups.count("pids", "pids.events", "max")
+        if refused > self._refused or (  # forks refused: the kernel needs its room back
+                "pids" not in self.cgroups.folders and self.tasks >= self.limits.processes):
+            self._refused = refused
+            ended = self._end_others()
+            with self._lock:
+                self.outcome.note(f"{ended} processes ended: the submission tried to run "
+                                  f"more than {self.limits.processes} at once (the class's "
+                                  "process limit)")
 
     def _end_others(self) -> int:
         """Kill the sandbox's processes but the runner and its kernel (a fork bomb's, say),
