@@ -21,7 +21,7 @@ import torch
 from mplab.numerics.formats import get_format
 
 __all__ = ["UNITS", "CPU_KINDS", "CPU_FEATURES_ENV", "CUDA_UNITS", "has_units", "cuda_units",
-           "recommended_precision", "runs_fast", "resolve_device",
+           "recommended_precision", "attention_backend", "runs_fast", "resolve_device",
            "no_units_reason", "cpu_features", "describe", "synchronize", "MatmulTiming",
            "time_matmul"]
 
@@ -91,6 +91,17 @@ def recommended_precision(device="auto") -> tuple[str, str]:
         return "bf16", "this CPU has bf16 units"
     return "fp32", (f"{no_units_reason('bf16')}: fp16 and bf16 run tens of times slower than "
                     "fp32 here")
+
+
+def attention_backend(precision: str, device="auto") -> tuple[str | None, str]:
+    """(backend, why): the scaled-dot-product attention backend training in `precision` on
+    `device` should use, by `torch.nn.attention.SDPBackend` name, or None for torch's own
+    choice. On a CPU in bf16 torch picks its flash kernel, whose backward runs several times
+    slower there than the math backend's (benchmarks/RECORDS.md "attention backend")."""
+    if resolve_device(device).type == "cpu" and precision == "bf16":
+        return "MATH", ("math: torch's CPU flash attention runs a bf16 backward several times "
+                        "slower than the math backend")
+    return None, "torch's choice"
 
 
 def runs_fast(precision: str, device="auto") -> bool:

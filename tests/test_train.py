@@ -319,6 +319,21 @@ def test_bf16_on_a_gpu_without_bf16_units_names_the_gpu_and_the_alternatives(mon
     errors.check_precision("fp16", torch.device("cpu"))  # fine too: CPU GradScaler, torch 2.3
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_bf16_on_a_cpu_trains_with_the_math_attention_backend_and_says_so(precision):
+    """torch's CPU flash attention runs a bf16 backward several times slower than its math
+    backend (benchmarks/RECORDS.md "attention backend"): a bf16 run on the CPU uses the math
+    one, every step, and its record says so; fp32 keeps torch's choice; after the run, torch's
+    setting is as it was."""
+    flash = []
+    result = train(precision=precision, device="cpu", steps=2, batch_size=8, eval_samples=0,
+                   progress=False, on_step=lambda *a, **k: flash.append(
+                       torch.backends.cuda.flash_sdp_enabled()))
+    assert flash == [precision != "bf16"] * 2
+    assert result.attention.startswith("math" if precision == "bf16" else "torch's choice")
+    assert torch.backends.cuda.flash_sdp_enabled()
+
+
 def test_the_config_is_one_record_with_the_clis_names():
     from mplab.train.__main__ import parser
 

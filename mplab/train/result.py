@@ -92,6 +92,7 @@ class TrainResult:
     unchanged_weight_fractions: list[float | None] = field(default_factory=list)
     scaler_calls: list[dict] = field(default_factory=list)
     has_units: bool | None = None
+    attention: str = ""  # the attention backend it used, and why (`hardware.attention_backend`)
     matmul_slowdown: float | None = None
     eval_accuracy: float | None = None
     eval_history: list[tuple[int, float]] = field(default_factory=list)

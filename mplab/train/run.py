@@ -37,7 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mplab import data, models
-from mplab.hardware import has_units, synchronize
+from mplab.hardware import attention_backend, has_units, synchronize
 
 from .config import TrainConfig
 from .errors import (
@@ -117,9 +117,11 @@ class Run:
         procs = Processes.start(config.device, group=path == "fsdp")
         try:
             cuda = [procs.device.index or 0] if procs.device.type == "cuda" else []
-            with torch.random.fork_rng(devices=cuda):
+            backend, why = attention_backend(config.precision, procs.device)
+            with torch.random.fork_rng(devices=cuda), _attention(backend):
                 torch.manual_seed(config.seed)
                 run = cls._create(config, path, procs, model, tokenizer, on_step, managed)
+                run.result.attention = why
                 try:
                     yield run
                 finally:
@@ -471,3 +473,12 @@ def _setting_notes(config: TrainConfig, device: torch.device, result: TrainResul
                      "0.73 instead of 0.93 on the lesson data); pass the mask or batch by "
                      "length")
     return notes
+
+
+def _attention(backend: str | None):
+    """The run's attention backend (`hardware.attention_backend`), for every path alike."""
+    if backend is None:
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, backend))
