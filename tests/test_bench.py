@@ -196,3 +196,19 @@ def test_a_gpu_without_bf16_units_gets_fp16_with_a_scaler_and_bf16_is_refused(gp
 def test_on_a_cpu_the_recommendation_follows_its_bf16_units(machine):
     precision, why = hardware.recommended_precision("cpu")
     assert precision == ("bf16" if hardware.has_units("bf16") else "fp32"), why
+
+
+def test_the_share_divides_the_steps_speed_up_by_one_layers_gemms():
+    """training_share: the bf16/fp32 step speed through mplab.train over the bf16/fp32 speed of
+    one layer's GEMMs, measured in one call (numbers vary by machine: their relations do not)."""
+    from mplab.bench.__main__ import parse_args
+
+    gemm = bench.gemm_speedup(64, 128, 64, device="cpu", repeats=2)
+    assert gemm["fp32_s"] > 0 and gemm["bf16_s"] > 0
+    assert gemm["speedup"] == pytest.approx(gemm["fp32_s"] / gemm["bf16_s"])
+    share = bench.training_share(hidden=64, layers=1, batch_size=4, max_length=16, steps=3,
+                                 device="cpu")
+    assert share["step_speedup"] == pytest.approx(share["fp32_step_s"] / share["bf16_step_s"])
+    assert share["share"] == pytest.approx(share["step_speedup"] / share["gemm_speedup"])
+    assert share["attention"].startswith("math")  # bf16 on a CPU
+    assert parse_args(["--share"]).share and not parse_args([]).share

@@ -10,6 +10,7 @@
     bench.compare_with_reference(record, bench.reference_results())
     bench.step_costs(model, batch)        # lesson 7: one step per precision, side by side
     bench.quantizer_speed()               # mplab's FP8/MX/NVFP4 quantisers against torchao's
+    bench.training_share()                # the share of the GEMMs' bf16 speed-up a step keeps
 
 `speed` holds the lessons' tables; `steps` one step's cost per precision, side by side;
 `sweep` the CLI's measurements (`BenchRow`s), `peaks` the FLOPs and datasheet peaks behind
@@ -38,6 +39,7 @@ from .reference import (
     reference_filename,
     reference_results,
 )
+from .share import gemm_speedup, training_share
 from .speed import (
     BIGGER_SIZE,
     LESSON_SIZE,
@@ -59,7 +61,8 @@ __all__ = ["MatmulTiming", "time_matmul", "matmul_speed", "explain_matmul_speed"
            "resolve_device", "lesson_bench", "run_plan", "REFERENCE_DIR", "reference_results",
            "reference_filename", "compare_with_reference", "explain_reference", "bench_plot",
            "record_table", "machine_name", "step_costs", "explain_step_costs", "size_effect",
-           "quantizer_speed", "quantizer_record", "quantizer_table"]
+           "quantizer_speed", "quantizer_record", "quantizer_table", "gemm_speedup",
+           "training_share"]
 
 
 def __getattr__(name: str):
