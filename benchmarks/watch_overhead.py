@@ -56,6 +56,9 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODELS = {  # name: (how to build it, batch size)
     "lesson": (lambda: models.lesson_model(seed=0), 32),
     "lab": (lambda: lab.lab_model(seed=0), lab.BATCH),
+    # issue 37's model: the bf16 share's (mplab.bench.training_share)
+    "share": (lambda: models.lesson_model(seed=0, hidden_size=512, num_hidden_layers=4,
+                                          num_attention_heads=8, intermediate_size=1024), 32),
 }
 ARMS = ("bare", "no layers", "watched")
 MIN_STEPS = 10  # timed steps a setting runs whatever its budget

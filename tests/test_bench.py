@@ -207,8 +207,15 @@ def test_the_share_divides_the_steps_speed_up_by_one_layers_gemms():
     assert gemm["fp32_s"] > 0 and gemm["bf16_s"] > 0
     assert gemm["speedup"] == pytest.approx(gemm["fp32_s"] / gemm["bf16_s"])
     share = bench.training_share(hidden=64, layers=1, batch_size=4, max_length=16, steps=3,
-                                 device="cpu")
-    assert share["step_speedup"] == pytest.approx(share["fp32_step_s"] / share["bf16_step_s"])
-    assert share["share"] == pytest.approx(share["step_speedup"] / share["gemm_speedup"])
+                                 rounds=3, device="cpu")
+    assert len(share["rounds"]) == 3
+    for r in share["rounds"]:
+        assert r["step_speedup"] == pytest.approx(r["fp32_step_s"] / r["bf16_step_s"])
+        assert r["share"] == pytest.approx(r["step_speedup"] / r["gemm_speedup"])
+        assert 0 < r["tokens"] <= 4 * 16  # what the steps computed on, padding included
+    for key in ("share", "step_speedup", "gemm_speedup"):  # the medians over the rounds
+        assert share[key] == sorted(r[key] for r in share["rounds"])[1]
     assert share["attention"].startswith("math")  # bf16 on a CPU
+    with pytest.raises(ValueError, match="rounds must be .* got 0"):
+        bench.training_share(rounds=0)
     assert parse_args(["--share"]).share and not parse_args([]).share

@@ -311,3 +311,24 @@ def test_accelerate_launch_cpu_with_two_processes_starts_one():
     assert len(done.stdout.strip().splitlines()) == 1  # one process printed its platform
 
 
+
+
+@pytest.mark.parametrize("path,precision,fused", [
+    ("torch", "fp32", True), ("torch", "bf16", True), ("torch", "fp16", False),
+    ("accelerate", "bf16", True), ("accelerate", "fp16", True),  # fp16 ignored: trains as fp32
+    ("trainer", "bf16", True), ("trainer", "fp16", True)])
+def test_adamw_is_fused_on_every_path_unless_a_grad_scaler_steps_it(monkeypatch, path,
+                                                                     precision, fused):
+    """A fused AdamW step skips inside its kernel on inf/NaN, unseen by the hooks that count
+    skipped steps, so a run with a GradScaler keeps the plain one; every other run fuses (a
+    third of the optimizer's time on a CPU), the same on every path so that they stay equal."""
+    made = []
+    real = torch.optim.AdamW.__init__
+
+    def record(self, params, *args, **kwargs):
+        made.append(bool(kwargs.get("fused")))
+        real(self, params, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "__init__", record)
+    result = quiet_train(path=path, precision=precision, steps=1, **TINY)
+    assert made == [fused] and result.losses

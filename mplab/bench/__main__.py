@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> dict:
         result["share"] = share = training_share(device=dev.type)
     report(result)
     if getattr(args, "share", False):
-        print(f"\nbf16 against fp32, hidden 512 / 4 layers: one layer's GEMMs "
+        print(f"\nbf16 against fp32, hidden 512 / 4 layers, medians of "
+              f"{len(share['rounds'])} rounds: one layer's GEMMs at {share['tokens']} tokens "
               f"{share['gemm_speedup']:.2f}x, a training step through mplab.train "
               f"{share['step_speedup']:.2f}x: the step keeps {share['share']:.2f} of the GEMMs' "
               f"speed-up (attention: {share['attention']})")

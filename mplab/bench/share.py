@@ -61,28 +61,43 @@ def gemm_speedup(hidden: int, intermediate: int, tokens: int, device="auto",
 
 
 def training_share(hidden: int = 512, layers: int = 4, batch_size: int = 32,
-                   max_length: int = 40, steps: int = 12, device="auto") -> dict:
+                   max_length: int = 40, steps: int = 12, rounds: int = 3,
+                   device="auto", watch: bool = True) -> dict:
     """The lesson transformer at `hidden`/`layers` trained `steps` steps through `mplab.train`
-    in fp32 and in bf16 (steady step time), and one layer's GEMMs at `batch_size` x
-    `max_length` tokens: {"gemm_speedup", "step_speedup", "share", "fp32_step_s",
-    "bf16_step_s", "attention"}."""
+    in fp32 and in bf16, and one layer's GEMMs at the tokens a step computed on, in
+    `rounds` rounds (the precisions' order alternating, so a shared machine's drift falls on
+    both). A round's step speed-up is its throughput ratio: the fp32 run's steps after the
+    first (warm-up) against the bf16 run's, the same batches; its share, that over the
+    round's GEMM speed-up. Returns the medians over rounds, {"gemm_speedup",
+    "step_speedup", "share", "fp32_step_s", "bf16_step_s", "tokens", "attention", "rounds"},
+    "rounds" holding each round's figures. `watch=False`: the runs without the layers'
+    watch (`TrainConfig.watch`), to see what it costs."""
     from mplab.models import lesson_model
     from mplab.train import TrainWarning, train
 
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a whole number of at least 1, got {rounds!r}")
     shape = model_shape({"hidden_size": hidden, "num_hidden_layers": layers})
     dev = resolve_device(device)
-    step = {}
-    for precision in ("fp32", "bf16"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", TrainWarning)  # slow-hardware notes: said below
-            run = train(model=lesson_model(**shape), precision=precision, device=dev.type,
-                        steps=steps, batch_size=batch_size, max_length=max_length,
-                        eval_samples=0, warmup_steps=0, progress=False)
-        step[precision] = run
-    gemm = gemm_speedup(hidden, shape["intermediate_size"], batch_size * max_length, dev)
-    speedup = step["fp32"].steady_step_seconds / step["bf16"].steady_step_seconds
-    return {"gemm_speedup": gemm["speedup"], "step_speedup": speedup,
-            "share": speedup / gemm["speedup"],
-            "fp32_step_s": step["fp32"].steady_step_seconds,
-            "bf16_step_s": step["bf16"].steady_step_seconds,
-            "attention": step["bf16"].attention}
+    found, attention = [], None
+    for r in range(rounds):
+        step = {}
+        for precision in ("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TrainWarning)  # slow-hardware notes: said below
+                run = train(model=lesson_model(**shape), precision=precision,
+                            device=dev.type, steps=steps, batch_size=batch_size,
+                            max_length=max_length, eval_samples=0, warmup_steps=0,
+                            progress=False, watch=watch)
+            step[precision] = statistics.mean(run.step_seconds[1:] or run.step_seconds)
+            attention = run.attention if precision == "bf16" else attention
+        # the bound at the tokens the steps really computed on (batches of similar length,
+        # each padded to its longest review: fewer than batch_size * max_length)
+        tokens = round(run.tokens_per_s * run.train_seconds / len(run.step_seconds))
+        gemm = gemm_speedup(hidden, shape["intermediate_size"], tokens, dev)
+        speedup = step["fp32"] / step["bf16"]
+        found.append({"gemm_speedup": gemm["speedup"], "step_speedup": speedup,
+                      "share": speedup / gemm["speedup"], "fp32_step_s": step["fp32"],
+                      "bf16_step_s": step["bf16"], "tokens": tokens})
+    median = {key: statistics.median(f[key] for f in found) for key in found[0]}
+    return median | {"attention": attention, "rounds": found}

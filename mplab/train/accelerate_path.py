@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from .config import TrainConfig
 from .order import RunOrder
 from .result import TrainResult
-from .run import Run, decay_groups, lr_schedule
+from .run import Run, decay_groups, fused_adamw, lr_schedule
 
 __all__ = ["MIXED_PRECISION", "train_accelerate", "fresh_accelerate"]
 
@@ -43,7 +43,8 @@ def train_accelerate(config: TrainConfig, model=None, tokenizer=None,
             kwargs_handlers=[GradScalerKwargs(**config.scaler_settings)])
         model = run.model
         # no weight decay for biases and norms, as the Trainer (lesson 6) chooses
-        optimizer = torch.optim.AdamW(decay_groups(model, config.weight_decay), lr=config.lr)
+        optimizer = torch.optim.AdamW(decay_groups(model, config.weight_decay), lr=config.lr,
+                                      fused=fused_adamw(config, run.device))
         # Accelerate steps a prepared scheduler once per process at each optimizer step.
         lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_schedule(config, calls_per_step=accelerator.num_processes))

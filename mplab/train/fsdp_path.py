@@ -24,7 +24,7 @@ from mplab.numerics.formats import dtype_of
 from .config import TrainConfig
 from .ranks import CommWatch, transformer_blocks
 from .result import TrainResult
-from .run import Run, decay_groups, lr_schedule
+from .run import Run, decay_groups, fused_adamw, lr_schedule
 from .watch import StepCounter
 
 __all__ = ["train_fsdp"]
@@ -58,7 +58,8 @@ def train_fsdp(config: TrainConfig, model=None, tokenizer=None, on_step=None) ->
                   ShardedGradScaler(device.type, enabled=config.precision == "fp16",
                                     process_group=dist.group.WORLD, **config.scaler_settings))
         # over the sharded parameters (DTensors): each rank steps its own shard
-        optimizer = torch.optim.AdamW(decay_groups(model, config.weight_decay), lr=config.lr)
+        optimizer = torch.optim.AdamW(decay_groups(model, config.weight_decay), lr=config.lr,
+                                      fused=fused_adamw(config, device))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config))
         save, load = _checkpointing(run, model, optimizer, scheduler, scaler)  # [mplab]
         run.prepare(optimizer, scheduler, scaler, autocast, save_state=save, load_state=load)

@@ -436,6 +436,17 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
+def fused_adamw(config: TrainConfig, device: torch.device) -> bool:
+    """Whether AdamW steps in one fused kernel, on every path alike (the Trainer's default,
+    `optim="adamw_torch_fused"`): on a CPU a third of the plain step's time, which a bf16 step,
+    its matmuls twice as fast, feels most (benchmarks/RECORDS.md, "fused AdamW"). Not under a
+    GradScaler: there the fused step would skip inside its kernel on inf/NaN, where no hook
+    sees it, and take the gradients still scaled. fp16 that Accelerate (alone or in the
+    Trainer) ignores on a CPU trains as fp32 does, fused too, so the two stay equal."""
+    ignored = config.path in ("accelerate", "trainer") and device.type == "cpu"
+    return config.precision != "fp16" or ignored
+
+
 def lr_schedule(config: TrainConfig, calls_per_step: int = 1):
     """The Trainer's schedule, on every path (transformers' `get_linear_schedule_with_warmup`,
     or `get_constant_schedule_with_warmup` for "constant"): the factor of lr at optimizer step

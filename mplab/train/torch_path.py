@@ -16,7 +16,7 @@ from mplab.numerics.formats import dtype_of
 from .config import TrainConfig
 from .ranks import Traffic, counting_hook
 from .result import TrainResult
-from .run import Run, decay_groups, lr_schedule
+from .run import Run, decay_groups, fused_adamw, lr_schedule
 from .watch import StepCounter
 
 __all__ = ["train_torch"]
@@ -35,7 +35,8 @@ def train_torch(config: TrainConfig, model=None, tokenizer=None, on_step=None) -
         scaler = GradScaler(device.type, enabled=config.precision == "fp16",
                             **config.scaler_settings)
         # no weight decay for biases and norms, as the Trainer (lesson 6) chooses
-        optimizer = torch.optim.AdamW(decay_groups(model, config.weight_decay), lr=config.lr)
+        optimizer = torch.optim.AdamW(decay_groups(model, config.weight_decay), lr=config.lr,
+                                      fused=fused_adamw(config, device))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config))
         net = _distributed(model, run)
         run.prepare(optimizer, scheduler, scaler, autocast)  # [mplab]

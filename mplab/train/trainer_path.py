@@ -21,12 +21,13 @@ import numpy as np
 import torch
 
 from mplab import data
+from mplab.hardware import resolve_device
 
 from .accelerate_path import fresh_accelerate
 from .config import TrainConfig
 from .order import Rows, RunOrder
 from .result import TrainResult
-from .run import Run
+from .run import Run, fused_adamw
 
 __all__ = ["EVAL_BATCH", "RENAMED_ARGUMENTS", "train_trainer", "compute_metrics",
            "trainer_settings", "course_arguments_error", "renamed", "RecordRun"]
@@ -58,7 +59,7 @@ def train_trainer(config: TrainConfig, model=None, tokenizer=None, on_step=None)
             fp16=config.precision == "fp16",
             bf16=config.precision == "bf16",
             use_cpu=run.device.type == "cpu",  # bf16 on a CPU needs it (else a ValueError)
-            **trainer_settings(config))
+            **trainer_settings(config, run.device))
         # The Trainer sees `**kwargs` in a Hugging Face model's forward and assumes its loss
         # divides by `num_items_in_batch`; a sequence classifier's loss is a plain mean, so on
         # transformers 5.23 the loss (logged, and so the gradients) came out multiplied by the
@@ -79,17 +80,20 @@ def compute_metrics(eval_pred) -> dict:
     return {"accuracy": float((np.argmax(logits, axis=-1) == labels).mean())}
 
 
-def trainer_settings(config: TrainConfig) -> dict:
-    """TrainingArguments for `config`, so that the Trainer trains as the torch path does:
+def trainer_settings(config: TrainConfig, device: torch.device | None = None) -> dict:
+    """TrainingArguments for `config`, so that the Trainer trains as the torch path does
+    (on `device`; by default config's):
 
-    - the same AdamW (`optim="adamw_torch"`; the Trainer's default is the fused kernel), lr,
-      betas, eps and seed; steps (`max_steps`), batch per device and accumulation;
+    - the same AdamW (fused, the Trainer's default, unless a GradScaler steps it:
+      `run.fused_adamw`), lr, betas, eps and seed; steps (`max_steps`), batch per device and
+      accumulation;
     - the same batches, in the same order (`RunOrder`, sampled sequentially);
     - `max_grad_norm=0` turns the Trainer's default clipping (1.0) off when config has none;
     - the same two choices every path takes from the Trainer: no weight decay for biases and
       norm weights (`common.decay_groups`), and its schedule (`run.lr_schedule`).
     """
     saving = config.save_every is not None
+    fused = fused_adamw(config, device or resolve_device(config.device))
     return {
         "max_steps": config.steps,
         "per_device_train_batch_size": config.batch_size,
@@ -100,7 +104,7 @@ def trainer_settings(config: TrainConfig) -> dict:
         "lr_scheduler_type": {"linear": "linear", "constant": "constant_with_warmup"}[
             config.schedule],
         "max_grad_norm": config.max_grad_norm or 0.0,
-        "optim": "adamw_torch",
+        "optim": "adamw_torch_fused" if fused else "adamw_torch",
         "seed": config.seed,
         "train_sampling_strategy": "sequential",
         "per_device_eval_batch_size": EVAL_BATCH,
