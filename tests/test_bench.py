@@ -219,3 +219,47 @@ def test_the_share_divides_the_steps_speed_up_by_one_layers_gemms():
     with pytest.raises(ValueError, match="rounds must be .* got 0"):
         bench.training_share(rounds=0)
     assert parse_args(["--share"]).share and not parse_args([]).share
+
+
+def test_the_profile_puts_the_matmuls_share_and_speed_up_into_amdahls_bound():
+    """step_profile: op by op, fp32 and bf16 from the same weights; the bound is Amdahl's
+    from the matmuls' share and speed-up, the step's speed-up the ops' totals' ratio (the
+    figures vary by machine, their relations do not)."""
+    found = bench.step_profile(hidden=64, layers=1, batch_size=4, max_length=8, steps=1,
+                               attention="mplab", device="cpu")
+    ops = {r["op"]: r for r in found["table"]}
+    assert {"mm", "addmm"} <= set(ops) and ops["mm"]["kind"] == "matmul"
+    assert 0 < found["matmul_share"] < 1
+    assert found["bound"] == pytest.approx(
+        1 / ((1 - found["matmul_share"]) + found["matmul_share"] / found["matmul_speedup"]))
+    assert found["step_speedup"] == pytest.approx(found["fp32_ms"] / found["bf16_ms"])
+    assert found["attention"]["bf16"] == "math"  # mplab's choice for bf16 on a CPU
+    assert not any("flash" in r["op"] and r["bf16 ms"] for r in found["table"])
+    for _op, fp32, bf16 in found["slower"]:
+        assert bf16 > 1.1 * fp32
+    for bad, match in (({"attention": "fast"}, "attention must be one of"),
+                       ({"layers": 0}, "layers must be a whole number of at least 1, got 0"),
+                       ({"steps": 1.5}, "steps must be")):
+        with pytest.raises(ValueError, match=match):
+            bench.step_profile(**bad)
+    assert bench.amdahl_bound(0.5, 2.0) == pytest.approx(4 / 3)
+
+
+def test_the_profile_in_words_names_what_ate_the_speed_up(machine):
+    """explain_profile's words follow the figures: the bound, what the step kept, the ops
+    that got slower (the CPU flash attention's backward named as such), and a CPU without
+    bf16 units where the matmuls themselves slowed down."""
+    flash = "_scaled_dot_product_flash_attention_for_cpu_backward"
+    found = {"matmul_share": 0.85, "matmul_speedup": 2.16, "bound": 1.84, "step_speedup": 1.52,
+             "fp32_ms": 405.4, "bf16_ms": 266.4, "slower": [(flash, 12.4, 68.5)],
+             "attention": {"fp32": "flash (torch's choice)", "bf16": "flash (torch's choice)"},
+             "device": "cpu"}
+    said = bench.explain_profile(found)
+    assert "85% of the fp32 step" in said and "1.84x as fast (Amdahl's bound)" in said
+    assert "kept 83% of the bound" in said and f"{flash} 12.4 -> 68.5 ms" in said
+    assert "flash attention backward" in said and "math backend" in said
+    slow = bench.explain_profile(found | {"matmul_speedup": 0.04, "bound": 0.06,
+                                          "step_speedup": 0.06, "slower": []})
+    assert ("no bf16 arithmetic units" in slow) == (not machine.cpu_bf16)
+    assert "cannot pay here" in slow and "No op got slower" in slow
+    assert "at or past the bound" in bench.explain_profile(found | {"step_speedup": 1.9})

@@ -220,3 +220,32 @@ def test_7_6_a_wrong_reading_is_told_where_to_look_never_the_answer():
     assert "one of the four causes" in message("7.6", ex.ORIGINS | {"W": "no_units"})
     assert message("7.6", {"W": "fp16_loss"}).startswith("Name a cause for each")
     assert ex.check("7.6", dict(ex.ORIGINS)).passed
+
+
+def test_7_7_the_bound_the_step_and_the_step_without_its_worst_op_come_from_the_table():
+    from mplab.bench import amdahl_bound
+    from mplab.exercises.lesson7_speed import PROFILE_7_7
+
+    fp32 = sum(r[2] for r in PROFILE_7_7)
+    bf16 = sum(r[3] for r in PROFILE_7_7)
+    mm = [r for r in PROFILE_7_7 if r[0] in ("mm", "addmm")]
+    p = sum(r[2] for r in mm) / fp32
+    g = sum(r[2] for r in mm) / sum(r[3] for r in mm)
+    flash = next(r for r in PROFILE_7_7
+                 if r[0] == "_scaled_dot_product_flash_attention_for_cpu_backward")
+    right = {"bound": amdahl_bound(p, g), "step": fp32 / bf16,
+             "without": fp32 / (bf16 - flash[3] + flash[2])}
+    ex.LESSON.reset()
+    assert ex.check("7.7", right).passed
+    # the record's figures: the step without the flash backward passes the bound
+    assert 1.8 < right["bound"] < 1.9 < right["without"] < 1.95 and 1.5 < right["step"] < 1.55
+    assert "upside down" in message("7.7", right | {"step": bf16 / fp32})
+    assert "matmuls' own speed-up" in message("7.7", right | {"bound": g})
+    assert "Amdahl" in message("7.7", right | {"bound": 1.6})
+    assert "out of the bf16 step altogether" in message(
+        "7.7", right | {"without": fp32 / (bf16 - flash[3])})
+    assert "furthest above" in message("7.7", right | {"without": right["step"]})
+    assert "lacks 'without'" in message("7.7", {"bound": 1.84, "step": 1.52})
+    assert "dict" in message("7.7", 1.84)
+    assert "number" in message("7.7", right | {"bound": [1.84]})
+    assert all(f"| {op} |" in ex.EXERCISES["7.7"].prompt for op, *_ in PROFILE_7_7)

@@ -179,3 +179,39 @@ def test_the_figure_draws_what_tells_each_failure_apart():
     assert _telling({"broken": lab.run("pure_low_precision", steps=3)}) == (
         "unchanged_weight_fractions")
     assert _telling({"broken": lab.run("extra_update", steps=3)}) == "scales"
+
+
+def test_the_profile_widget_shows_the_profile_and_adds_a_row_per_size_pressed(monkeypatch):
+    """What the widget shows is bench.step_profile's and bench.explain_profile's; a press
+    profiles the chosen size with the chosen backend; a failure is shown, the rows kept."""
+    from mplab import bench
+    from mplab.widgets.lesson7 import PROFILE_SIZES, speedup_profile
+
+    first = bench.step_profile(hidden=64, layers=1, batch_size=4, max_length=8, steps=1)
+    panel = speedup_profile(first)
+    assert text(panel.words.value) == bench.explain_profile(first)
+    assert bytes(panel.plot.value).startswith(b"\x89PNG") and len(panel.rows) == 1
+    asked, real = [], bench.step_profile
+
+    def small(hidden, layers, attention):
+        asked.append((hidden, layers, attention))
+        return real(hidden=64, layers=layers, batch_size=4, max_length=8,
+                                  steps=1, attention=attention)
+
+    monkeypatch.setattr(bench, "step_profile", small)
+    panel.size.value, panel.attention.value = "hidden 512, 4 layers", "mplab's choice"
+    panel.button.click()
+    assert asked == [(*PROFILE_SIZES["hidden 512, 4 layers"], "mplab")]
+    assert not panel.message.value, panel.message.value
+    row = panel.rows[1]
+    found = panel.found
+    assert row["bound"] == round(bench.amdahl_bound(found["matmul_share"],
+                                                    found["matmul_speedup"]), 2)
+    assert row["step's speed-up"] == round(found["step_speedup"], 2)
+    assert row["attention in bf16"] == "math"  # mplab's choice on a CPU
+    monkeypatch.setattr(bench, "step_profile", lambda **kw: 1 / 0)
+    panel.button.click()
+    assert "ZeroDivisionError" in panel.message.value and len(panel.rows) == 2
+    assert not panel.button.disabled
+    with pytest.raises(TypeError, match="bench.step_profile"):
+        speedup_profile({"share": 0.8})

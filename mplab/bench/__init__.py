@@ -11,12 +11,14 @@
     bench.step_costs(model, batch)        # lesson 7: one step per precision, side by side
     bench.quantizer_speed()               # mplab's FP8/MX/NVFP4 quantisers against torchao's
     bench.training_share()                # the share of the GEMMs' bf16 speed-up a step keeps
+    bench.step_profile()                  # lesson 7: where it goes, op by op, fp32 and bf16
 
 `speed` holds the lessons' tables; `steps` one step's cost per precision, side by side;
 `sweep` the CLI's measurements (`BenchRow`s), `peaks` the FLOPs and datasheet peaks behind
 utilisation, `why` the words, `record` one run as the record the CLI prints and `--json`
 writes, `reference` other machines' records beside it, `plot` the figure, `quantizers` the
-cost of quantising a tensor (values per second, mplab beside torchao).
+cost of quantising a tensor (values per second, mplab beside torchao), `share` the step's
+share of its matmuls' bf16 speed-up, `profile` one step op by op.
 """
 
 from mplab.hardware import (
@@ -30,6 +32,7 @@ from mplab.hardware import (
 )
 
 from .peaks import DATASHEET_TFLOPS, datasheet_gpu, datasheet_peak, mfu, training_flops
+from .profile import amdahl_bound, explain_profile, step_profile
 from .quantizers import quantizer_record, quantizer_speed, quantizer_table
 from .record import lesson_bench, machine_name, record_table, run_plan
 from .reference import (
@@ -62,7 +65,7 @@ __all__ = ["MatmulTiming", "time_matmul", "matmul_speed", "explain_matmul_speed"
            "reference_filename", "compare_with_reference", "explain_reference", "bench_plot",
            "record_table", "machine_name", "step_costs", "explain_step_costs", "size_effect",
            "quantizer_speed", "quantizer_record", "quantizer_table", "gemm_speedup",
-           "training_share"]
+           "training_share", "step_profile", "explain_profile", "amdahl_bound"]
 
 
 def __getattr__(name: str):

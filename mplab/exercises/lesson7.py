@@ -31,6 +31,7 @@ from mplab.exercises.framework import (
     python_block,
     same_tensors,
 )
+from mplab.exercises.lesson7_speed import EXERCISE_7_7
 from mplab.hardware import UNITS, has_units
 
 __all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
@@ -588,6 +589,7 @@ EXERCISES = {e.id: e for e in in_order([
             "value here is an activation.",
             "Give that activation a format whose range holds 100,000.",
         )),
+    EXERCISE_7_7,
 ])}
 
 LESSON = Lesson(7, list(EXERCISES.values()))

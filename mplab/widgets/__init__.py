@@ -21,7 +21,8 @@ require("ipywidgets", "mplab.widgets (the lessons' widgets)")
 WIDGETS = {
     "precision_explorer": "lesson1", "loss_scale_explorer": "lesson2", "swamping_demo": "lesson2",
     "scaler_stepper": "lesson3", "training_panel": "training", "comparison": "training",
-    "failure_lab": "lesson7", "planner": "lesson8", "recipe_explorer": "lesson9",
+    "failure_lab": "lesson7", "speedup_profile": "lesson7", "planner": "lesson8",
+    "recipe_explorer": "lesson9",
 }
 
 __all__ = ["WIDGETS", "lesson1", "lesson2", "lesson3", "training", "lesson7", "lesson8", "lesson9",

@@ -1,8 +1,10 @@
-"""Lesson 7 widget: pick a failure, run it, read the diagnosis, apply the fix, run again.
+"""Lesson 7 widgets: pick a failure, run it, read the diagnosis, apply the fix, run again;
+and pick a model size, profile its step, see where the bf16 speed-up went.
 
-    from mplab.widgets.lesson7 import failure_lab
+    from mplab.widgets.lesson7 import failure_lab, speedup_profile
     panel = failure_lab("clip_before_unscale")
     panel          # "run it", then "apply the fix and run again"; panel.rows: every run
+    speedup_profile(found)   # found: a bench.step_profile; "profile" adds a row per size
 
 Each press runs one of :data:`mplab.diagnosis.lab.FAILURES` (the broken loop, or with a fix switched
 on) and shows what :func:`mplab.diagnose` makes of the run, so the learner sees the cause
@@ -17,13 +19,14 @@ import warnings
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from mplab import plots
+from mplab import bench, plots
 from mplab._display import Table
 from mplab.diagnosis import CAUSES, Diagnosis, diagnose, lab
 from mplab.train import NonFiniteLossError, TrainResult, TrainWarning
 from mplab.widgets._common import StaticView, guarded, png
 
-__all__ = ["failure_lab", "FailureLab", "verdict", "runs_figure"]
+__all__ = ["failure_lab", "FailureLab", "verdict", "runs_figure", "speedup_profile",
+           "SpeedupProfile", "profile_figure", "PROFILE_SIZES"]
 
 _COLORS = {"broken": "#e45756", "fixed": "#4c78a8"}
 
@@ -252,3 +255,94 @@ def failure_lab(failure: str = "clip_before_unscale", steps: int | None = None) 
     mplab.diagnose's verdict, apply a fix, run again. `steps` overrides every failure's own
     step count (None keeps each failure's)."""
     return FailureLab(failure, steps)
+
+
+# ---- where the speed-up went: a step op by op, at a size the learner picks --------------------
+
+#: The sizes the profile offers: (hidden, layers) by label.
+PROFILE_SIZES = {"hidden 128, 2 layers": (128, 2), "hidden 256, 2 layers": (256, 2),
+                 "hidden 512, 4 layers": (512, 4), "hidden 768, 4 layers": (768, 4)}
+_ATTENTIONS = {"torch's choice": "torch", "mplab's choice": "mplab"}
+
+
+class SpeedupProfile(StaticView, widgets.VBox):
+    """A model size, an attention backend and "profile": one training step op by op, fp32
+    against bf16 (`bench.step_profile`), in words, as a table and as bars; every profile
+    pressed adds a row to `rows` (the matmuls' share and speed-up, Amdahl's bound, the
+    step's speed-up), so the share is seen to move with the size. Build it with
+    :func:`speedup_profile`. As data: `found` (the last profile), `rows`, `message`."""
+
+    def __init__(self, found: dict | None = None):
+        super().__init__()
+        if found is not None and not (isinstance(found, dict) and "table" in found):
+            raise TypeError(f"found must be what bench.step_profile returns, got "
+                            f"{type(found).__name__}")
+        self.size = widgets.Dropdown(options=list(PROFILE_SIZES), value="hidden 256, 2 layers",
+                                     description="model")
+        self.attention = widgets.ToggleButtons(options=list(_ATTENTIONS),
+                                               description="attention")
+        self.button = widgets.Button(description="profile", button_style="primary")
+        self.button.on_click(lambda _: self.profile())
+        self.message, self.words, self.table = widgets.HTML(), widgets.HTML(), widgets.HTML()
+        self.plot = widgets.Image(format="png")
+        self.history = widgets.HTML()
+        self.found: dict | None = None
+        self.rows = Table([], title="each profile pressed: the matmuls' share of the fp32 step "
+                                    "and their speed-up, the bound they set, the step's "
+                                    "speed-up")
+        self.children = [widgets.HBox([self.size, self.button]), self.attention, self.message,
+                         self.words, self.plot, self.table, self.history]
+        if found is not None:
+            self._show(found)
+        else:
+            self.words.value = "<span style='color:#666'>Press “profile”.</span>"
+
+    @guarded
+    def profile(self) -> None:
+        """Profile the chosen size (what "profile" does)."""
+        hidden, layers = PROFILE_SIZES[self.size.value]
+        self.button.disabled = True
+        self.message.value = f"profiling {html.escape(self.size.value)} in fp32 and bf16…"
+        try:
+            found = bench.step_profile(hidden=hidden, layers=layers,
+                                       attention=_ATTENTIONS[self.attention.value])
+        finally:
+            self.button.disabled, self.message.value = False, ""
+        self._show(found)
+
+    def _show(self, found: dict) -> None:
+        self.found = found
+        shape = found["shape"]
+        self.rows = Table(self.rows.rows + [{
+            "model": f"hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layer(s)",
+            "attention in bf16": found["attention"]["bf16"],
+            "matmuls' share of fp32": f"{found['matmul_share']:.0%}",
+            "matmuls' speed-up": round(found["matmul_speedup"], 2),
+            "bound": round(found["bound"], 2), "step's speed-up": round(found["step_speedup"], 2),
+            "kept of the bound": f"{found['step_speedup'] / found['bound']:.0%}"}],
+            title=self.rows.title)
+        self.words.value = html.escape(bench.explain_profile(found))
+        self.table.value = found["table"]._repr_html_()
+        self.plot.value = png(profile_figure(found))
+        self.history.value = self.rows._repr_html_()
+
+
+def profile_figure(found: dict, top: int = 10) -> Figure:
+    """The profile's `top` ops as bars, fp32 beside bf16 (ms per step)."""
+    rows = [r for r in found["table"] if r["kind"]][:top][::-1]  # not the rest, not the step
+    fig = Figure(figsize=(7, 0.35 * len(rows) + 1.2), layout="constrained")
+    ax = fig.subplots()
+    at = range(len(rows))
+    for shift, precision, color in ((0.2, "fp32", "#4c78a8"), (-0.2, "bf16", "#f58518")):
+        ax.barh([i + shift for i in at], [r[f"{precision} ms"] for r in rows], height=0.4,
+                color=color, label=precision)
+    ax.set_yticks(list(at), [r["op"].replace("_scaled_dot_product_", "sdpa ")[:40] for r in rows],
+                  fontsize=8)
+    ax.set_xlabel("ms per step (the op's own time)")
+    ax.legend(loc="lower right")
+    return fig
+
+
+def speedup_profile(found: dict | None = None) -> SpeedupProfile:
+    """The profile widget, showing `found` (a `bench.step_profile`) first if given."""
+    return SpeedupProfile(found)
