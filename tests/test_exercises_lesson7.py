@@ -224,7 +224,7 @@ def test_7_6_a_wrong_reading_is_told_where_to_look_never_the_answer():
 
 def test_7_7_the_bound_the_step_and_the_step_without_its_worst_op_come_from_the_table():
     from mplab.bench import amdahl_bound
-    from mplab.exercises.lesson7_speed import PROFILE_7_7
+    from mplab.exercises.speedup import PROFILE_7_7
 
     fp32 = sum(r[2] for r in PROFILE_7_7)
     bf16 = sum(r[3] for r in PROFILE_7_7)

@@ -215,3 +215,5 @@ def test_the_profile_widget_shows_the_profile_and_adds_a_row_per_size_pressed(mo
     assert not panel.button.disabled
     with pytest.raises(TypeError, match="bench.step_profile"):
         speedup_profile({"share": 0.8})
+    shown = first | {"shape": first["shape"] | {"hidden_size": 512, "num_hidden_layers": 4}}
+    assert speedup_profile(shown).size.value == "hidden 512, 4 layers"  # the size it shows

@@ -31,7 +31,7 @@ from mplab.exercises.framework import (
     python_block,
     same_tensors,
 )
-from mplab.exercises.lesson7_speed import EXERCISE_7_7
+from mplab.exercises.speedup import HINTS_7_7, PROMPT_7_7, check_7_7
 from mplab.hardware import UNITS, has_units
 
 __all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
@@ -49,16 +49,12 @@ CHOICES_7_1 = {
 }
 
 
-def right_7_1() -> str:
-    """The answer on the machine at hand: no units (a), else too small (b)."""
-    return "b" if has_units("bf16") else "a"
-
-
 _LOOK_AT_THE_MACHINE = (
     "Look at this machine first: hardware.cpu_features() says which low-precision flags the "
     "CPU reports, and hardware.UNITS[\"bf16\"] which of them are bf16 units. With them, bf16 "
     "gets faster as the matrices grow (the larger models' rows); without them, no size helps.")
-_check_7_1 = multiple_choice(CHOICES_7_1, right_7_1, {
+# the answer on the machine at hand: no units (a), else too small (b)
+_check_7_1 = multiple_choice(CHOICES_7_1, lambda: "b" if has_units("bf16") else "a", {
     "a": _LOOK_AT_THE_MACHINE, "b": _LOOK_AT_THE_MACHINE,
     "c": "bf16 has fp32's exponent range: it needs no GradScaler, and the lesson's bf16 rows "
          "use none (lesson 3).",
@@ -589,7 +585,14 @@ EXERCISES = {e.id: e for e in in_order([
             "value here is an activation.",
             "Give that activation a format whose range holds 100,000.",
         )),
-    EXERCISE_7_7,
+    Exercise(
+        id="7.7", title="Where did the speed-up go?", prompt=PROMPT_7_7,
+        comment="the bound, the step's speed-up, and the step without its worst op",
+        body="answer = {\"bound\": ..., \"step\": ..., \"without\": ...}",
+        key="p, g = 344.8 / 405.4, 344.8 / 159.7  # the matmuls' (mm, addmm) share, speed-up\n"
+            "answer = {\"bound\": 1 / ((1 - p) + p / g), \"step\": 405.4 / 266.4,\n"
+            "          \"without\": 405.4 / (266.4 - 68.5 + 12.4)}  # flash backward at fp32's",
+        check=check_7_7, hints=HINTS_7_7),
 ])}
 
 LESSON = Lesson(7, list(EXERCISES.values()))

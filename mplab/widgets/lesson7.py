@@ -293,6 +293,10 @@ class SpeedupProfile(StaticView, widgets.VBox):
         self.children = [widgets.HBox([self.size, self.button]), self.attention, self.message,
                          self.words, self.plot, self.table, self.history]
         if found is not None:
+            shape = found["shape"]
+            size = (shape["hidden_size"], shape["num_hidden_layers"])
+            self.size.value = next((k for k, v in PROFILE_SIZES.items() if v == size),
+                                   self.size.value)
             self._show(found)
         else:
             self.words.value = "<span style='color:#666'>Press “profile”.</span>"
@@ -319,7 +323,7 @@ class SpeedupProfile(StaticView, widgets.VBox):
             "matmuls' share of fp32": f"{found['matmul_share']:.0%}",
             "matmuls' speed-up": round(found["matmul_speedup"], 2),
             "bound": round(found["bound"], 2), "step's speed-up": round(found["step_speedup"], 2),
-            "kept of the bound": f"{found['step_speedup'] / found['bound']:.0%}"}],
+            "step / bound": f"{found['step_speedup'] / found['bound']:.0%}"}],
             title=self.rows.title)
         self.words.value = html.escape(bench.explain_profile(found))
         self.table.value = found["table"]._repr_html_()

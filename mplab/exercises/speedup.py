@@ -1,4 +1,5 @@
-"""Lesson 7's exercise on reading a step's profile (7.7), in `lesson7.EXERCISES` with the rest.
+"""What lesson 7's exercise 7.7 reads: a recorded profile of one training step, its task and its
+check (its key lives in lesson7.py with the others, where a release strips it).
 
 The profile is one `mplab.bench.step_profile` measured on a 2-core CPU with bf16 units (the
 lesson transformer at hidden 512 / 4 layers, batch 32 x 40 tokens, torch's own attention
@@ -12,9 +13,9 @@ from __future__ import annotations
 import math
 
 from mplab.bench import amdahl_bound
-from mplab.exercises.framework import Exercise, Incorrect, as_number
+from mplab.exercises.framework import Incorrect, as_number
 
-__all__ = ["PROFILE_7_7", "EXERCISE_7_7"]
+__all__ = ["PROFILE_7_7", "PROMPT_7_7", "HINTS_7_7", "check_7_7"]
 
 #: (op, kind, fp32 ms, bf16 ms) per step; the last row sums the ops not listed.
 PROFILE_7_7 = (
@@ -52,7 +53,7 @@ def _table() -> str:
             + f"\n| **the step** | | **{fp32:.1f}** | **{bf16:.1f}** |")
 
 
-def _check_7_7(answer) -> str | None:
+def check_7_7(answer) -> str | None:
     if not isinstance(answer, dict):
         raise Incorrect("Give a dict with the keys \"bound\", \"step\" and \"without\"; got "
                         f"{type(answer).__name__}.")
@@ -77,7 +78,7 @@ def _check_7_7(answer) -> str | None:
         return ("\"bound\" is not Amdahl's bound: take p, the matmuls' share of the fp32 "
                 "step, and g, their own bf16 speed-up, and let every other op keep its fp32 "
                 "time.")
-    op, kind, a, b = _slowest()
+    _, _, a, b = _slowest()
     if math.isclose(without, fp32 / (bf16 - b), abs_tol=0.02):
         return ("\"without\" takes the op out of the bf16 step altogether: it still runs, "
                 "only as long as it took in fp32.")
@@ -88,37 +89,28 @@ def _check_7_7(answer) -> str | None:
     return None
 
 
-EXERCISE_7_7 = Exercise(
-    id="7.7", title="Where did the speed-up go?",
-    prompt="A learner profiled one training step of the lesson transformer at hidden 512 / 4 "
-           "layers (batch 32 x 40 tokens) on a 2-core CPU with bf16 units, with torch's own "
-           "choice of attention backend, as `bench.step_profile` does. Each op's own time per "
-           "step, in milliseconds:\n\n" + _table()
-           + "\n\nThe matmuls are `mm` and `addmm`. From this table (not your machine's), "
-           "work out and give as a dict:\n\n"
-           "- `\"bound\"`: Amdahl's bound on the step's bf16 speed-up, had every op other "
-           "than the matmuls kept its fp32 time (to within 0.02);\n"
-           "- `\"step\"`: the step's bf16 speed-up, as measured (to within 0.02);\n"
-           "- `\"without\"`: the step's bf16 speed-up had the one op that cost the bf16 step "
-           "the most time over fp32 taken only its fp32 time, every other op as measured (to "
-           "within 0.02).\n\n"
-           "A speed-up is the fp32 time over the bf16 time. The check computes the same from "
-           "the table.",
-    comment="the bound, the step's speed-up, and the step without its worst op",
-    body="answer = {\"bound\": ..., \"step\": ..., \"without\": ...}",
-    key="fp32, bf16 = 405.4, 266.4  # the step's rows\n"
-        "p = (232.7 + 112.1) / fp32  # the matmuls' share of the fp32 step\n"
-        "g = (232.7 + 112.1) / (107.8 + 51.9)  # their own bf16 speed-up\n"
-        "# the flash attention backward: 68.5 ms in bf16, 12.4 in fp32\n"
-        "answer = {\"bound\": 1 / ((1 - p) + p / g), \"step\": fp32 / bf16,\n"
-        "          \"without\": fp32 / (bf16 - 68.5 + 12.4)}",
-    check=_check_7_7,
-    hints=(
-        "A speed-up is a time in fp32 over the same time in bf16. Amdahl's law: if a share p "
-        "of the time runs g times faster and the rest as before, the whole runs "
-        "1 / ((1 - p) + p / g) times faster.",
-        "p is the two matmul rows' fp32 time over the whole fp32 step; g is their fp32 time "
-        "over their bf16 time.",
-        "For \"without\", subtract each row's fp32 time from its bf16 time: one op stands out. "
-        "Put its fp32 time in place of its bf16 time in the bf16 step.",
-    ))
+PROMPT_7_7 = (
+    "A learner profiled one training step of the lesson transformer at hidden 512 / 4 "
+    "layers (batch 32 x 40 tokens) on a 2-core CPU with bf16 units, with torch's own "
+    "choice of attention backend, as `bench.step_profile` does. Each op's own time per "
+    "step, in milliseconds:\n\n" + _table()
+    + "\n\nThe matmuls are `mm` and `addmm`. From this table (not your machine's), "
+    "work out and give as a dict:\n\n"
+    "- `\"bound\"`: Amdahl's bound on the step's bf16 speed-up, had every op other "
+    "than the matmuls kept its fp32 time (to within 0.02);\n"
+    "- `\"step\"`: the step's bf16 speed-up, from the table's last row (to within 0.02);\n"
+    "- `\"without\"`: the step's bf16 speed-up had the one op that cost the bf16 step "
+    "the most time over fp32 taken only its fp32 time, every other op as measured (to "
+    "within 0.02).\n\n"
+    "A speed-up is the fp32 time over the bf16 time. The check computes the same from "
+    "the table.")
+
+HINTS_7_7 = (
+    "A speed-up is a time in fp32 over the same time in bf16. Amdahl's law: if a share p "
+    "of the time runs g times faster and the rest as before, the whole runs "
+    "1 / ((1 - p) + p / g) times faster.",
+    "p is the two matmul rows' fp32 time over the whole fp32 step; g is their fp32 time "
+    "over their bf16 time.",
+    "For \"without\", subtract each row's fp32 time from its bf16 time: one op stands out. "
+    "Put its fp32 time in place of its bf16 time in the bf16 step.",
+)
