@@ -83,3 +83,21 @@ def test_8_5_is_the_fewest_gpus_the_plan_fits():
     assert "smaller count" in message("8.5", 32)
     assert "planner's GPU counts" in message("8.5", 15)
     assert "planner's GPU counts" in message("8.5", 16.5)
+
+
+def test_lesson_8_states_torchs_policy_defaults_and_the_4_rank_runs_policy():
+    """What §2 says of `MixedPrecisionPolicy()` is torch's: the three dtypes None (a None
+    reduce_dtype follows param_dtype), inputs cast; and 8.4 names the policy its 4-rank run
+    (fp32) really has."""
+    from conftest import optional
+
+    nbformat = optional("nbformat")
+    default = MixedPrecisionPolicy()
+    assert (default.param_dtype, default.reduce_dtype, default.output_dtype,
+            default.cast_forward_inputs) == (None, None, None, True)
+    nb = nbformat.read("notebooks/08_across_processes.ipynb", 4)
+    text = "\n".join(c.source for c in nb.cells)
+    assert "`MixedPrecisionPolicy()`: the three dtypes are all `None`" in text
+    assert 'four = start_across(4, TRAIN, [dict(RUN, path="fsdp", precision="fp32"' in text
+    assert "FSDP2 in fp32" in ex.EXERCISES["8.4"].prompt and "bf16" not in ex.EXERCISES[
+        "8.4"].prompt.split("AdamW")[0]

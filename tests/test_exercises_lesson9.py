@@ -88,3 +88,25 @@ def test_9_4_compares_with_torchao_and_says_which_part_is_off(monkeypatch):
     assert "two things" in message("9.4", lambda x: reference_9_4(x)[1])
     result = ex.check("9.4", lambda x: 1 / 0)
     assert result.status == "error" and "ZeroDivisionError" in result.message
+
+
+def test_lesson_9_says_which_recipe_casts_the_output_gradient_to_which_format():
+    """§6's words against torchao's recipes: tensorwise casts the output gradient to e5m2,
+    the rowwise ones to e4m3, and rowwise_with_gw_hp leaves the weight-gradient matmul's
+    gradient uncast (high precision)."""
+    from conftest import optional
+
+    float8, nbformat = optional("torchao.float8"), optional("nbformat")
+    recipe = {name: float8.Float8LinearConfig.from_recipe_name(name)
+              for name in ("tensorwise", "rowwise", "rowwise_with_gw_hp")}
+    assert recipe["tensorwise"].cast_config_grad_output.target_dtype == torch.float8_e5m2
+    assert recipe["rowwise"].cast_config_grad_output.target_dtype == torch.float8_e4m3fn
+    assert recipe["rowwise_with_gw_hp"].cast_config_grad_output.target_dtype == \
+        torch.float8_e4m3fn
+    gw = recipe["rowwise_with_gw_hp"].cast_config_grad_output_for_grad_weight
+    assert gw.scaling_type == float8.config.ScalingType.DISABLED
+    nb = nbformat.read("notebooks/09_below_16_bits.ipynb", 4)
+    text = " ".join(" ".join(c.source.split()) for c in nb.cells)
+    assert ("Under `tensorwise` the input and weight are cast to e4m3 and the output gradient "
+            "to e5m2") in text
+    assert "the `rowwise` recipes cast the output gradient to e4m3 too" in text

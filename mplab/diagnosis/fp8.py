@@ -38,7 +38,8 @@ def _scaling_fix(fp8: dict, fmt: str) -> str:
         return ("scale each gradient tensor into the format's range before the cast (scale = "
                 "max / amax, as mplab.lowbit.quantize.tensorwise and torchao's Float8Linear do), "
                 "and cast gradients to fp8_e5m2, whose range reaches 2^-16 where e4m3's stops "
-                "at 2^-9 (mplab.train.fp8.fp8_run('mplab'), torchao's 'tensorwise' recipe)")
+                "at 2^-9 (mplab.train.fp8.fp8_run('mplab'), torchao's 'tensorwise' recipe), or "
+                "give each row its own scale and keep e4m3 (torchao's 'rowwise' recipes)")
     if "e4m3" in fmt and scaling == "tensorwise":
         return ("the scale already comes from the amax, but e4m3 spans only 2^17 below it: cast "
                 "the output gradients to fp8_e5m2 (2^32 below it), as torchao's 'tensorwise' "

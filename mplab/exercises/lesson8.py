@@ -244,8 +244,9 @@ EXERCISES = {e.id: e for e in in_order([
         )),
     Exercise(
         id="8.4", title="Bytes per rank at four ranks",
-        prompt=f"FSDP2 with the default policy (`param_dtype=bf16`, `reduce_dtype=fp32`) and "
-               f"AdamW trains the lesson model on {RANKS_8_4} ranks (the run started at the "
+        prompt=f"FSDP2 in fp32 (`precision=\"fp32\"`: mplab's policy `param_dtype=fp32`, "
+               f"`reduce_dtype=fp32`) and AdamW trains the lesson model on {RANKS_8_4} ranks "
+               "(the run started at the "
                "top; its figures are read after this exercise). How many bytes does each rank "
                "hold after step 1 for the weights, the gradients and the optimizer states "
                "together? Use `parameters`, the model's parameter count printed above, and "
@@ -258,9 +259,10 @@ EXERCISES = {e.id: e for e in in_order([
         hints=(
             "What is stored between steps, per parameter, in bytes; then FSDP shares every "
             "part of it out over the ranks.",
-            "Under this policy the stored shard is fp32, the reduced gradient fp32, and AdamW "
-            "keeps two fp32 states. The bf16 copy lives only during a block's forward and "
-            "backward.",
+            "The stored shard is fp32 (FSDP2 shards the parameters in their own dtype, and the "
+            "model's are fp32), the reduced gradient fp32, and AdamW keeps two fp32 states; a "
+            "bf16 policy would hold the same between steps (its bf16 copy lives only during "
+            "a block's forward and backward).",
             f"(4 + 4 + 2 x 4) x parameters / {RANKS_8_4}.",
         )),
     Exercise(
