@@ -110,3 +110,24 @@ def test_lesson_9_says_which_recipe_casts_the_output_gradient_to_which_format():
     assert ("Under `tensorwise` the input and weight are cast to e4m3 and the output gradient "
             "to e5m2") in text
     assert "the `rowwise` recipes cast the output gradient to e4m3 too" in text
+
+
+def test_a_cell_that_shows_an_answer_waits_until_it_passed_or_its_solution_was_asked(capsys):
+    """`ex.reveal`: 9.3's worked table only once 9.3 passed (or its solution was shown); a
+    failed answer does not open it; a fresh session closes it again."""
+    ex.LESSON.reset()
+    shown = []
+    assert ex.reveal("9.3", lambda: shown.append(1) or "table") is None and not shown
+    assert "runs once your answer has passed" in capsys.readouterr().out
+    ex.check("9.3", [0])  # wrong
+    assert ex.reveal("9.3", lambda: "table") is None
+    namespace = {"amaxes": list(ex.AMAX_9_3)}
+    exec(ex.EXERCISES["9.3"].key, namespace)  # the reference answer
+    assert ex.check("9.3", namespace["answer"]).passed
+    assert ex.reveal("9.3", lambda: "table") == "table"
+    ex.LESSON.reset()
+    assert ex.reveal("9.3", lambda: "table") is None
+    ex.solution("9.3")
+    assert ex.reveal("9.3", lambda: "table") == "table"
+    with pytest.raises(ValueError, match="unknown exercise"):
+        ex.reveal("9.9", lambda: None)

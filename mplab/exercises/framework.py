@@ -318,9 +318,10 @@ class Lesson:
         return tuple(getattr(self, name) for name in LESSON_FUNCTIONS)
 
     def reset(self) -> None:
-        """Forget hint stages and revealed solutions (a fresh session)."""
+        """Forget hint stages, passed exercises and revealed solutions (a fresh session)."""
         self.hint_stage: dict[str, int] = {}
         self.revealed: set[str] = set()
+        self.passed: set[str] = set()
 
     def get(self, id) -> Exercise:
         key = str(id).strip()  # ex.check(1.2, ...) means "1.2"
@@ -350,7 +351,20 @@ class Lesson:
             record["answer"] = ({"blank": True} if result.status == "not attempted"
                                 else pack_answer(answer))
         _log({**record, **result.as_dict()})
+        if result.passed:
+            self.passed.add(ex.id)
         return result
+
+    def reveal(self, id, show: Callable[[], Any]):
+        """What `show()` returns, once exercise `id` has passed in this session or its solution
+        was asked for; before, a line saying so: a cell that would print the answer (a table
+        worked through, the library's own result) waits for the learner's own."""
+        ex = self.get(id)
+        if ex.id in self.passed or ex.id in self.revealed:
+            return show()
+        print(f"This cell shows exercise {ex.id}'s answer: it runs once your answer has passed "
+              f"(or after ex.solution(\"{ex.id}\")).")
+        return None
 
     def regrade(self, id, data, seed: int | None = None, function: bool = False) -> Result:
         """Check an answer the grader unpacked from a log record, here, in the grader's own

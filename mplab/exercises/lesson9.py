@@ -23,7 +23,7 @@ from mplab.exercises.framework import (
 )
 from mplab.lowbit.quantize import DelayedScaling
 
-__all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
+__all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown", "reveal",
            "EXERCISES", "LESSON", "block_9_1", "x_9_2", "AMAX_9_3", "steps_9_3"]
 
 # --- 9.1 an MX block's scale by hand ----------------------------------------------------------
@@ -322,3 +322,4 @@ EXERCISES = {e.id: e for e in in_order([
 
 LESSON = Lesson(9, list(EXERCISES.values()))
 check, hint, solution, exercise_cells, cells, task_markdown = LESSON.functions()
+reveal = LESSON.reveal
