@@ -94,6 +94,25 @@ def test_the_plot_marks_the_formats_range(tensors):
     assert np.isclose(sum(p.get_height() for p in ax.patches), h["counts"].sum())
 
 
+@pytest.mark.parametrize("recipe", ["MXFP8", "tensorwise e4m3", "NVFP4"])
+def test_the_plot_draws_every_lost_value_red_and_counts_the_zeros_it_leaves_out(recipe, tensors):
+    """Flushed and saturated values are red in whichever bin they fall (a bin straddling the
+    format's top holds both kinds); the source's exact zeros are said in the legend."""
+    q = lowbit.apply(recipe, tensors["activation grad"])
+    h = lowbit.scaled_histogram(q)
+    assert h["flushed_counts"].sum() == h["flushed"] and h["saturated_counts"].sum() == h[
+        "saturated"]
+    assert h["zeros"] == (q.scaled == 0).sum().item()
+    ax = lowbit.plot_scaled(q).axes[0]
+    from matplotlib.colors import to_rgb
+
+    red = [p.get_height() for p in ax.patches
+           if np.allclose(p.get_facecolor()[:3], to_rgb("#c44e52"))]
+    assert sum(red) == h["flushed"] + h["saturated"] > 0
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(f"{h['zeros']:,} exact zeros" in t for t in legend) == (h["zeros"] > 0)
+
+
 def test_the_delayed_table_is_delayed_scalings_own_run():
     from mplab.lowbit.quantize import DelayedScaling
 

@@ -18,6 +18,7 @@ import math
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from mplab._display import Table
 from mplab.amp.capture import Capture
@@ -139,45 +140,58 @@ def _cell(value: float, measure: str) -> str:
 
 
 def scaled_histogram(q: Q.Quantized, bins_per_octave: int = 2) -> dict:
-    """The scaled values' magnitudes (what the format was asked to hold) binned by log2, with the
-    format's range: values under half its smallest are flushed to 0, past its largest by more
-    than half a step saturated. Zeros of the source are left out (a zero stays a zero)."""
-    a = q.scaled.abs().double().flatten()
-    a = a[(a > 0) & torch.isfinite(a)].numpy()
+    """The scaled values' magnitudes (what the format was asked to hold, the tensor's values
+    after its scale) binned by log2, with the format's range: values under half its smallest
+    are flushed to 0, past its largest by more than half a step saturated; per bin, how many of
+    each. Zeros of the source are left out (a zero stays a zero) and counted apart."""
+    everything = q.scaled.abs().double().flatten()
+    a = everything[(everything > 0) & torch.isfinite(everything)].numpy()
     f = q.format
     lo, hi = float(f.min_subnormal), float(f.max_finite)
     logs = np.log2(a) if a.size else np.zeros(0)
     start = math.floor(min(logs.min(initial=0), math.log2(lo) - 2))
     stop = math.ceil(max(logs.max(initial=0), math.log2(hi) + 1)) + 1
     edges = np.arange(start, stop + 1e-9, 1 / bins_per_octave)
+    flushed = a < lo / 2
+    saturated = a > hi + 2.0 ** (f.emax - f.man_bits - 1)
     counts, _ = np.histogram(logs, bins=edges)
     return {"edges": edges, "counts": counts, "smallest": lo, "largest": hi,
-            "flushed": int((a < lo / 2).sum()),
-            "saturated": int((a > hi + 2.0 ** (f.emax - f.man_bits - 1)).sum()),
-            "values": int(a.size), "format": f.name}
+            "flushed_counts": np.histogram(logs[flushed], bins=edges)[0],
+            "saturated_counts": np.histogram(logs[saturated], bins=edges)[0],
+            "flushed": int(flushed.sum()), "saturated": int(saturated.sum()),
+            "values": int(a.size), "zeros": int((everything == 0).sum()), "format": f.name}
 
 
 def plot_scaled(q: Q.Quantized, title: str = "") -> Figure:
-    """A bar per log2 bin of the scaled values, the format's range shaded, the bins flushed to
-    zero (left of half the smallest value) and saturated (right of the largest) in red."""
+    """A bar per log2 bin of the scaled values, the format's range shaded; in each bin the
+    values flushed to zero (under half the smallest value) and saturated (past the largest)
+    in red, stacked on the kept ones in blue. The source's exact zeros are counted in the
+    legend, not drawn (log2 0 has no place on the axis)."""
     h = scaled_histogram(q)
     fig = Figure(figsize=(7.5, 3.2), layout="constrained")
     ax = fig.add_subplot()
-    e, c = h["edges"], h["counts"]
-    centres, width = (e[:-1] + e[1:]) / 2, e[1] - e[0]
+    e = h["edges"]
+    centres, width = (e[:-1] + e[1:]) / 2, (e[1] - e[0]) * 0.95
+    lost = h["flushed_counts"] + h["saturated_counts"]
+    kept = h["counts"] - lost
+    ax.bar(centres, kept, width=width, color="#4c72b0", label="kept")
+    ax.bar(centres, lost, width=width, bottom=kept, color="#c44e52",
+           label="flushed to 0 or saturated")
     flush_at, top = math.log2(h["smallest"] / 2), math.log2(h["largest"])
-    colour = np.where(e[1:] <= flush_at, "#c44e52", np.where(e[:-1] >= top, "#c44e52",
-                                                              "#4c72b0"))
-    ax.bar(centres, c, width=width * 0.95, color=colour)
     ax.axvspan(math.log2(h["smallest"]), top, color="#55a868", alpha=0.12,
                label=f"{h['format']}: 2^{math.log2(h['smallest']):g} to {h['largest']:g}")
     ax.axvline(flush_at, color="#c44e52", ls="--", lw=1)
     ax.axvline(top, color="#c44e52", ls="--", lw=1)
+    handles, labels = ax.get_legend_handles_labels()
+    if h["zeros"]:  # an entry without a mark: log2 0 has no place on the axis
+        handles.append(Patch(color="none"))
+        labels.append(f"{h['zeros']:,} exact zeros, not drawn "
+                      f"({h['zeros'] / (h['zeros'] + h['values']):.0%} of the tensor)")
     ax.set_title(title or f"{q.recipe}: {100 * q.flushed:.2f} % flushed, "
                  f"{100 * q.saturated:.2f} % saturated, SQNR {q.sqnr_db:.1f} dB", fontsize=10)
-    ax.set_xlabel("log2 |value x scale|  (the value in the format's units)")
+    ax.set_xlabel("log2 |scaled value|  (the value after its scale, in the format's units)")
     ax.set_ylabel("values")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(handles, labels, loc="upper left", fontsize=8)
     return fig
 
 
