@@ -18,9 +18,11 @@ from pathlib import Path
 
 import torch
 
+from mplab._display import Table
 from mplab.numerics.formats import get_format
 
-__all__ = ["UNITS", "CPU_KINDS", "CPU_FEATURES_ENV", "CUDA_UNITS", "has_units", "cuda_units",
+__all__ = ["UNITS", "CPU_KINDS", "CPU_FEATURES_ENV", "CUDA_UNITS", "LOW_BIT_HARDWARE",
+           "low_bit_table", "has_units", "cuda_units",
            "recommended_precision", "attention_backend", "runs_fast", "resolve_device",
            "no_units_reason", "cpu_features", "describe", "synchronize", "MatmulTiming",
            "time_matmul"]
@@ -59,7 +61,31 @@ def has_units(precision: str) -> bool:
 #: The CUDA compute capability from which a GPU multiplies in each precision natively: fp16 from
 #: Pascal (6.0; tensor cores from Volta 7.0, the T4 is 7.5), bf16 and tf32 from Ampere (8.0),
 #: fp8 from Ada and Hopper (8.9).
-CUDA_UNITS = {"fp16": (6, 0), "bf16": (8, 0), "tf32": (8, 0), "fp8": (8, 9)}
+CUDA_UNITS = {"fp16": (6, 0), "bf16": (8, 0), "tf32": (8, 0), "fp8": (8, 9), "mx": (10, 0),
+              "nvfp4": (10, 0)}
+
+#: Which chips multiply in which format below 16 bits (vendors' architecture documents; the
+#: NVIDIA rows' capabilities are `CUDA_UNITS`'): "mx" is MXFP8/6/4 with E8M0 block scales
+#: applied by the tensor cores, "nvfp4" fp4 with E4M3 scales per 16 values.
+LOW_BIT_HARDWARE = (
+    {"chips": "NVIDIA Ampere (A100; compute capability 8.0)", "capability": (8, 0),
+     "fp8": "no (emulated)", "mx": "no", "nvfp4": "no"},
+    {"chips": "NVIDIA Ada (L4, L40, RTX 40; 8.9)", "capability": (8, 9),
+     "fp8": "OCP e4m3, e5m2", "mx": "no", "nvfp4": "no"},
+    {"chips": "NVIDIA Hopper (H100, H200, H800; 9.0)", "capability": (9, 0),
+     "fp8": "OCP e4m3, e5m2 (a scale per tensor or row, applied to the sum)", "nvfp4": "no",
+     "mx": "no: scales along the sum are applied outside the tensor cores (DeepSeek-V3 "
+           "scaled each 128-long partial sum in fp32 CUDA cores)"},
+    {"chips": "NVIDIA Blackwell (B200, GB200: 10.0; RTX 50: 12.0)", "capability": (10, 0),
+     "fp8": "OCP e4m3, e5m2", "mx": "MXFP8, MXFP6, MXFP4", "nvfp4": "yes"},
+    {"chips": "AMD MI300 (CDNA 3)", "capability": None,
+     "fp8": "FNUZ e4m3, e5m2 (not OCP: no inf, no -0, bias one higher)", "mx": "no",
+     "nvfp4": "no"},
+    {"chips": "AMD MI350, MI355 (CDNA 4)", "capability": None,
+     "fp8": "OCP e4m3, e5m2", "mx": "MXFP8, MXFP6, MXFP4", "nvfp4": "no"},
+    {"chips": "CPUs (x86, Arm)", "capability": None, "fp8": "no (emulated, as lesson 9 does)",
+     "mx": "no", "nvfp4": "no"},
+)
 
 
 def cuda_units(precision: str, device=None) -> bool:
@@ -72,6 +98,21 @@ def cuda_units(precision: str, device=None) -> bool:
         raise ValueError(f"unknown precision {precision!r}; accepted: 'fp32', "
                          + ", ".join(map(repr, CUDA_UNITS)))
     return tuple(torch.cuda.get_device_capability(device)) >= CUDA_UNITS[precision]
+
+
+def low_bit_table() -> Table:
+    """`LOW_BIT_HARDWARE` as a table, the row of this machine's GPU marked (the newest NVIDIA
+    generation its compute capability reaches)."""
+    here = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    reached = [r for r in LOW_BIT_HARDWARE
+               if here and r["capability"] and tuple(here) >= r["capability"]]
+    mine = max(reached, key=lambda r: r["capability"]) if reached else None
+    rows = [{"chips": r["chips"], "FP8": r["fp8"], "MX block scales": r["mx"],
+             "NVFP4": r["nvfp4"], "this machine": "<- here" if r is mine else ""}
+            for r in LOW_BIT_HARDWARE]
+    return Table(rows, title="which chips multiply below 16 bits",
+                 note="this machine: " + (f"a GPU of compute capability {here[0]}.{here[1]}"
+                                          if here else "no GPU: every format is emulated"))
 
 
 def recommended_precision(device="auto") -> tuple[str, str]:

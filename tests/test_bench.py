@@ -263,3 +263,24 @@ def test_the_profile_in_words_names_what_ate_the_speed_up(machine):
     assert ("no bf16 arithmetic units" in slow) == (not machine.cpu_bf16)
     assert "cannot pay here" in slow and "No op got slower" in slow
     assert "at or past the bound" in bench.explain_profile(found | {"step_speedup": 1.9})
+
+
+@pytest.mark.parametrize("gpu", ["A100", "H100", "none"])
+def test_the_low_bit_table_agrees_with_cuda_units_and_marks_this_gpus_row(monkeypatch, gpu):
+    """Each NVIDIA row says yes to FP8, MX and NVFP4 exactly where `cuda_units` does for its
+    capability; the row of the GPU at hand is marked (none without a GPU)."""
+    for row in hardware.LOW_BIT_HARDWARE:
+        if row["capability"] is None:
+            continue
+        monkeypatch.setattr(torch.cuda, "get_device_capability",
+                            lambda device=None, c=row["capability"]: c)
+        for unit in ("fp8", "mx", "nvfp4"):
+            assert hardware.cuda_units(unit) == (not row[unit].startswith("no")), (row, unit)
+    capability = {"A100": (8, 0), "H100": (9, 0)}.get(gpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: capability is not None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    table = hardware.low_bit_table()
+    marked = [r["chips"] for r in table if r["this machine"]]
+    assert marked == ({"A100": ["NVIDIA Ampere (A100; compute capability 8.0)"],
+                       "H100": ["NVIDIA Hopper (H100, H200, H800; 9.0)"]}.get(gpu) or [])
+    assert ("no GPU" in table.note) == (gpu == "none")
