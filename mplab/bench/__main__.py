@@ -44,7 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", metavar="FILE", help="write the speed-up and memory figure (PNG)")
     p.add_argument("--share", action="store_true",
                    help="also the share of one layer's bf16 GEMM speed-up a bf16 training step "
-                        "keeps (hidden 512, 4 layers: about 10 s on 2 CPU cores)")
+                        "keeps (hidden 512, 4 layers, 3 rounds: about 20 s on 2 CPU cores)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the tests' sizes
     p.add_argument("--lesson", action="store_true", help=argparse.SUPPRESS)  # lesson 7's plan
     args = p.parse_args(argv)
