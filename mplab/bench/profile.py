@@ -123,9 +123,11 @@ def _profile(model, batch: dict, precision: str, attention: str, dev: torch.devi
     key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     found = {e.key: getattr(e, key) for e in prof.key_averages()
              if e.key.startswith("aten::") and getattr(e, key) > 0}
-    ran = [k for k in found if "scaled_dot_product" in k and "backward" not in k]
-    name = ("flash" if any("flash" in k for k in ran) else "math" if ran else
-            "math" if found.get("aten::bmm") else "none")
+    # a fused kernel is named by its op (flash, efficient, cudnn); the math backend runs as
+    # bmm and softmax, whatever dispatched it
+    ran = " ".join(k for k in found if "scaled_dot_product" in k)
+    name = next((kind for kind in ("flash", "efficient", "cudnn") if kind in ran),
+                "math" if found.get("aten::bmm") else "none")
     return found, name + ("" if backend else " (torch's choice)")
 
 
