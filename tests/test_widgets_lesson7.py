@@ -193,8 +193,9 @@ def test_the_profile_widget_shows_the_profile_and_adds_a_row_per_size_pressed(mo
     assert bytes(panel.plot.value).startswith(b"\x89PNG") and len(panel.rows) == 1
     asked, real = [], bench.step_profile
 
-    def small(hidden, layers, attention):
+    def small(hidden, layers, attention, **batch):
         asked.append((hidden, layers, attention))
+        assert batch == {"batch_size": 4, "max_length": 8}  # the first profile's batch
         return real(hidden=64, layers=layers, batch_size=4, max_length=8,
                                   steps=1, attention=attention)
 

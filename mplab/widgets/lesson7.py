@@ -287,6 +287,9 @@ class SpeedupProfile(StaticView, widgets.VBox):
         self.plot = widgets.Image(format="png")
         self.history = widgets.HTML()
         self.found: dict | None = None
+        # the batch of the profile shown first, so that every row profiles the same batch
+        shape = (found or {}).get("shape", {})
+        self.batch = {k: shape[k] for k in ("batch_size", "max_length") if k in shape}
         self.rows = Table([], title="each profile pressed: the matmuls' share of the fp32 step "
                                     "and their speed-up, the bound they set, the step's "
                                     "speed-up")
@@ -308,7 +311,7 @@ class SpeedupProfile(StaticView, widgets.VBox):
         self.button.disabled = True
         self.message.value = f"profiling {html.escape(self.size.value)} in fp32 and bf16…"
         try:
-            found = bench.step_profile(hidden=hidden, layers=layers,
+            found = bench.step_profile(hidden=hidden, layers=layers, **self.batch,
                                        attention=_ATTENTIONS[self.attention.value])
         finally:
             self.button.disabled, self.message.value = False, ""
