@@ -31,11 +31,18 @@ def test_8_1_the_policy_is_read_field_by_field():
     assert ex.check("8.1", ...).status == "not attempted"
 
 
-def test_8_2_only_the_reduce_dtype_stops_the_drift():
-    assert ex.check("8.2", "a").passed
-    assert "compute dtype is the same" in message("8.2", "b")
-    assert "exponent range" in message("8.2", "c")
+def test_8_2_only_the_reduce_dtype_stops_the_drift_and_the_task_does_not_name_it():
+    assert ex.CHOICES_8_2["c"] == "`reduce_dtype=torch.float32`" and ex.check("8.2", "c").passed
+    assert "cannot make one run drift" in message("8.2", "a")
+    assert "exponent range" in message("8.2", "b")
+    assert "cannot make one run drift" in message("8.2", "d")
     assert "one letter" in message("8.2", "e")
+    # the task names no reduce_dtype and no sum: the learner reads the default off §2
+    task = ex.EXERCISES["8.2"].prompt.split("\n\n")[0]
+    assert "reduce_dtype" not in task and "sum" not in task
+    assert "MixedPrecisionPolicy(param_dtype=torch.bfloat16)" in task
+    for choice in ex.CHOICES_8_2.values():  # no choice says what it does to the sum
+        assert "sum" not in choice and "across ranks" not in choice
 
 
 def test_8_3_the_mystery_runs_are_named_by_letter_and_checked():
@@ -53,8 +60,8 @@ def test_8_3_the_mystery_runs_are_named_by_letter_and_checked():
 
 def test_8_4_is_the_plan_at_four_ranks_and_names_the_usual_slips():
     n = ex._lesson_parameters()
-    right = plan.memory(n, "amp", 4, "fsdp").held
-    assert right == 16 * n / 4
+    right = plan.memory(n, "fp32", 4, "fsdp").held  # the run is fp32
+    assert right == 16 * n / 4 == plan.memory(n, "amp", 4, "fsdp").held  # amp holds the same
     assert ex.check("8.4", right).passed
     assert ex.check("8.4", right * 1.04).passed  # within 5 %
     assert ex.check("8.4", f"{right:.0f}").passed  # a number as text
@@ -101,3 +108,27 @@ def test_lesson_8_states_torchs_policy_defaults_and_the_4_rank_runs_policy():
     assert 'four = start_across(4, TRAIN, [dict(RUN, path="fsdp", precision="fp32"' in text
     assert "FSDP2 in fp32" in ex.EXERCISES["8.4"].prompt and "bf16" not in ex.EXERCISES[
         "8.4"].prompt.split("AdamW")[0]
+
+
+def test_lesson_8_introduces_its_words_before_it_uses_them():
+    """Issue 38's stumbles: each term is explained at (or before) its first use, the policies
+    before their names, and the lesson ends on DDP against FSDP2 from its own runs."""
+    from conftest import optional
+
+    nbformat = optional("nbformat")
+    nb = nbformat.read("notebooks/08_across_processes.ipynb", 4)
+    text = "\n".join(c.source for c in nb.cells)
+
+    def first(words: str) -> int:
+        assert words in text, words
+        return text.index(words)
+
+    assert first("*gloo*") < first("NCCL between them")  # the backends, in the first cell
+    assert first("*ZeRO*") < first('"zero3"')
+    assert first("`\"bf16_fp32_grads\"`") < first("and `bf16_fp32_grads` against it")
+    assert first("*fp32\nmaster weights*") < first("### Exercise 8.5")
+    assert first("| `libraries` |") < first("## 1. DDP")  # §0's guide to its jobs
+    assert first("side_by_side({") < first("## What to take away")
+    assert 'policy="fp32")' in text  # the fp32 runs are held against the fp32 plan
+    assert "fsdp.param_dtype" not in text  # the stored dtype is not called param_dtype
+    assert "fully_shard` yourself" in text  # §6 says what to do

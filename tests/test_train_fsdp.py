@@ -179,6 +179,15 @@ def test_lesson_8_settings_are_checked(settings, words):
         TrainConfig(**settings)
 
 
+def test_the_policies_table_is_the_plans_policies():
+    rows = {r["policy"]: r for r in plan.policies_table().rows}
+    assert set(rows) == set(plan.POLICIES) == set(plan.POLICY_WORDS)
+    for name, row in rows.items():
+        assert row["held"] == plan.memory(1, name).held
+        assert row["+ freed after compute"] == plan.memory(1, name).transient
+    assert rows["amp"]["held"] == rows["fp32"]["held"]  # the bf16 copy is freed
+
+
 def test_the_planner_reproduces_the_playbook_and_refuses_nonsense():
     for n, (bf16, fp32_grads) in plan.PLAYBOOK.items():
         assert plan.memory(n, "bf16_master").gb_per_rank == pytest.approx(bf16)
@@ -279,6 +288,36 @@ def test_the_bytes_reading_puts_each_rank_against_the_plan_and_names_the_padding
     assert padding > 0 and "fsdp at 2, rank 0" in table.note and "padding" in table.note
     assert "not in .held" in table.note  # DDP's buckets: planned in .peak
     assert "not in .held" not in held_table([("fsdp", 2, fsdp)]).note
+    # every rank off the plan is named, above it or below it, none left out
+    for row in table.rows[:2]:  # the fsdp run's ranks; the ddp run's hold the plan
+        named = f"rank {row['rank']}" in table.note or f" {row['rank']} and" in table.note \
+            or f"and {row['rank']} (" in table.note
+        assert named == (row["held"] != row["planned"]), (row, table.note)
+    assert all(r["held"] == r["planned"] for r in table.rows[2:])
+    assert ("Below it" in table.note) == any(r["held"] < r["planned"] for r in table.rows)
+    assert held_table([("fsdp", 2, fsdp)], policy="fp32").rows == held_table(
+        [("fsdp", 2, fsdp)], policy="amp").rows  # fp32 and amp hold the same between steps
+
+
+def test_ddp_and_fsdp_side_by_side_are_read_off_the_runs_records(two):
+    from mplab.train.ranks import RING, side_by_side
+
+    ddp, fsdp = two["ddp_fp32"], two["fsdp_fp32"]
+    table = side_by_side({"ddp": ddp, "fsdp": fsdp, "fsdp bf16": two["fsdp_bf16"]},
+                         ddp="ddp", fsdp="fsdp")
+    rows = {r["run"]: r for r in table.rows}
+    assert rows["ddp"]["held per rank"] == max(r["held_bytes"]["total"] for r in ddp.ranks)
+    assert rows["ddp"]["handed in per step"] == 4 * ddp.parameters  # fp32 gradients
+    assert rows["ddp"]["sent per step (ring)"] == round(4 * ddp.parameters * RING["all_reduce"](2))
+    handed = {(c["op"], c["dtype"]): c["bytes"] for c in fsdp.ranks[0]["collectives"]}
+    assert rows["fsdp"]["handed in per step"] == sum(handed.values())
+    assert rows["fsdp"]["sent per step (ring)"] == round(
+        handed["all_gather", "float32"] + handed["reduce_scatter", "float32"] / 2)
+    # sharded: half the bytes held, more sent; a bf16 policy halves the all-gathers
+    assert rows["fsdp"]["held per rank"] < rows["ddp"]["held per rank"]
+    assert rows["fsdp"]["sent per step (ring)"] > rows["ddp"]["sent per step (ring)"]
+    assert "of the bytes per rank" in table.note and '"fsdp bf16"' in table.note
+    assert RING["all_gather"](4) == 3 and RING["reduce_scatter"](4) == 0.75
 
 
 def test_the_overflow_and_library_readings_say_who_parted_and_what_was_built(two):

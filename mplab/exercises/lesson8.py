@@ -64,19 +64,21 @@ def _check_8_1(policy) -> str | None:
 
 # --- 8.2 a run whose loss drifts --------------------------------------------------------------
 
+RANKS_8_2 = (8, 256)
 CHOICES_8_2 = {
-    "a": "reduce_dtype=torch.float32: sum the gradients across ranks in fp32.",
-    "b": "param_dtype=torch.float32: compute in fp32.",
-    "c": "A ShardedGradScaler with a larger scale.",
-    "d": "output_dtype=torch.float32: hand the logits back in fp32.",
+    "a": "`output_dtype=torch.float32`",
+    "b": "A `ShardedGradScaler`, its scale shared by every rank",
+    "c": "`reduce_dtype=torch.float32`",
+    "d": "`cast_forward_inputs=False`",
 }
-_check_8_2 = multiple_choice(CHOICES_8_2, "a", {
-    "b": "The twin computes in bf16 too and does not drift: the compute dtype is the same in "
-         "both runs. What differs is where the runs' settings differ.",
-    "c": "bf16 has fp32's exponent range: its gradients neither underflow nor overflow, and a "
+_APART_8_2 = (f"alike on {RANKS_8_2[0]} GPUs and on {RANKS_8_2[1]}, so this cannot make one "
+              "run drift from the other. Look for the step whose error grows with the number "
+              "of ranks.")
+_check_8_2 = multiple_choice(CHOICES_8_2, "c", {
+    "a": "The logits and the loss are rounded " + _APART_8_2,
+    "b": "bf16 has fp32's exponent range: its gradients neither underflow nor overflow, and a "
          "scale does not add mantissa bits to a sum.",
-    "d": "Both runs hand back the same logits; the drift comes from a setting the twins do not "
-         "share.",
+    "d": "A block's inputs are cast " + _APART_8_2,
 })
 
 
@@ -134,7 +136,7 @@ def _check_8_4(answer, parameters: int) -> str | None:
     got = as_number(answer, "The bytes per rank")
     if not got > 0:
         return "A rank holds a positive number of bytes."
-    right = plan.memory(parameters, "amp", RANKS_8_4, "fsdp").held
+    right = plan.memory(parameters, "fp32", RANKS_8_4, "fsdp").held
     if abs(got - right) / right <= 0.05:
         return None
     per_parameter = got / parameters * RANKS_8_4
@@ -208,22 +210,25 @@ EXERCISES = {e.id: e for e in in_order([
         )),
     Exercise(
         id="8.2", title="A loss that drifts",
-        prompt="Two bf16 FSDP2 runs of one model on 256 GPUs, the same data and seed: one "
-               "with `MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
-               "reduce_dtype=torch.bfloat16)`, its twin with `reduce_dtype=torch.float32`. "
-               "After a few thousand steps the first run's loss has slowly drifted above its "
-               "twin's. Which change to the first run makes it train as its twin does?\n\n"
-               + choice_list(CHOICES_8_2),
+        prompt=f"One model is trained twice with FSDP2 and "
+               "`MixedPrecisionPolicy(param_dtype=torch.bfloat16)` (every other field left at "
+               f"torch's default), on the same data, global batch and seed: once on "
+               f"{RANKS_8_2[0]} GPUs, once on {RANKS_8_2[1]}. After a few thousand steps the "
+               f"{RANKS_8_2[1]}-GPU run's loss has slowly drifted above the "
+               f"{RANKS_8_2[0]}-GPU run's. Which one change to the {RANKS_8_2[1]}-GPU run "
+               "stops the drift?\n\n" + choice_list(CHOICES_8_2),
         comment="the setting that stops the drift",
         body="answer = ...  # \"a\", \"b\", \"c\" or \"d\"",
-        key="answer = \"a\"",
+        key="answer = \"c\"",
         check=_check_8_2,
         hints=(
-            "The twins differ in one setting only, and the drift must come from it.",
-            "A sum of 256 numbers rounded to bf16's 8 significant bits at each addition loses "
-            "the small ones (lesson 1's swamping): the sum above shows how the error grows "
-            "with the ranks.",
-            "Sum in the format the twin sums in.",
+            f"What happens alike on {RANKS_8_2[0]} and on {RANKS_8_2[1]} GPUs cannot make "
+            "the runs differ: find the step whose rounding grows with the number of ranks.",
+            "A field left out of the policy keeps torch's default (§2 says what a None one "
+            "does), and the table of sums across ranks shows a bf16 sum's error growing with "
+            "the ranks.",
+            "Set, to fp32, the field that says the dtype the gradients are summed across "
+            "ranks in.",
         )),
     Exercise(
         id="8.3", title="Read two audits across ranks",

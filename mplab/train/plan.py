@@ -31,12 +31,22 @@ from dataclasses import dataclass
 
 from mplab._display import Table
 
-__all__ = ["POLICIES", "SHARDINGS", "RANKS", "GB", "Memory", "memory", "table", "PLAYBOOK",
-           "DIFFERENCES", "playbook_table"]
+__all__ = ["POLICIES", "POLICY_WORDS", "SHARDINGS", "RANKS", "GB", "Memory", "memory", "table",
+           "policies_table", "PLAYBOOK", "DIFFERENCES", "playbook_table"]
 
 # bytes per parameter: (weights, gradients, master, optimizer states, transient copy)
 POLICIES = {"fp32": (4, 4, 0, 8, 0), "amp": (4, 4, 0, 8, 2), "bf16": (2, 2, 0, 4, 0),
             "bf16_master": (2, 2, 4, 8, 0), "bf16_fp32_grads": (2, 6, 4, 8, 0)}
+#: Each policy in words, as `policies_table` shows it. "Master" is always the same thing: the
+#: fp32 copy of the weights the optimizer updates when the copy used for compute is in low
+#: precision; it is counted as "master" only where it is a second copy beside the weights.
+POLICY_WORDS = {
+    "fp32": "everything fp32",
+    "amp": "fp32 weights (the master), a bf16 copy made for compute, then freed",
+    "bf16": "pure bf16, optimizer states too: no master",
+    "bf16_master": "bf16 weights and gradients, a second copy in fp32 as the master",
+    "bf16_fp32_grads": "bf16_master, and an fp32 buffer (4) the bf16 gradients add into",
+}
 # what each stage divides by the number of ranks
 SHARDINGS = {"none": (), "ddp": (), "zero1": ("master", "optimizer"),
              "zero2": ("master", "optimizer", "gradients"),
@@ -134,6 +144,17 @@ def table(parameters: list[float], world_sizes: list[int], policy: str = "bf16_m
                          f"fits {gpu_gb:g} GB": "yes" if m.fits(gpu_gb) else "no"})
     return Table(rows, title=f"{policy}, {sharding}: weights, gradients, master and optimizer "
                              "states per GPU (no activations)")
+
+
+def policies_table() -> Table:
+    """Every policy: what it stores, and its bytes per parameter by part (`POLICIES`)."""
+    rows = [{"policy": name, "what it stores": POLICY_WORDS[name], "weights": w,
+             "gradients": g, "master": m, "optimizer states": o, "held": w + g + m + o,
+             "+ freed after compute": t}
+            for name, (w, g, m, o, t) in POLICIES.items()]
+    return Table(rows, title="the plan's policies: bytes per parameter, one process, AdamW",
+                 note="'held' is what a rank keeps between steps; the last column lives only "
+                      "while a block computes (a Memory's .peak counts it).")
 
 
 # The Ultra-Scale Playbook's table of weights + gradients + optimizer states for one GPU

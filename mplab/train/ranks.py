@@ -12,6 +12,7 @@ from the parameter count.
 - `rank_report`: one rank's figures as plain data; `gather_reports` brings every rank's to
   rank 0 (`TrainResult.ranks`); `ranks_table` reads them as the audit across ranks.
 - `overflow_on_one_rank`: the fp16 step in which one rank alone finds an inf, per scaler.
+- `side_by_side`: DDP and FSDP2 runs, what each rank holds and sends per step (`RING`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .watch import inner_optimizer, local_shard
 __all__ = ["COLLECTIVES", "Traffic", "CommWatch", "counting_hook", "transformer_blocks",
            "held_bytes", "shards", "rank_report", "gather_reports", "overflow_on_one_rank",
            "collectives_table", "ranks_table", "allreduce_table", "agreement_table", "held_table",
-           "overflow_table"]
+           "overflow_table", "RING", "side_by_side"]
 
 # c10d's ops by the name lesson 8 uses, and the argument holding what this rank puts in.
 COLLECTIVES = {"_allgather_base_": ("all_gather", "input_tensor"),
@@ -312,34 +313,55 @@ def agreement_table(by_count: dict) -> Table:
                  note=note)
 
 
+def _by_rank(where: str, pairs: list[tuple[int, int]]) -> str:
+    """"fsdp at 4, ranks 0 and 1 (+3,592 B each), rank 2 (+1,536 B)": every rank named, ranks
+    that differ by the same bytes together, in rank order."""
+    groups: dict[int, list[int]] = {}
+    for rank, extra in pairs:
+        groups.setdefault(extra, []).append(rank)
+    parts = []
+    for extra, ranks in groups.items():
+        names = (f"rank {ranks[0]}" if len(ranks) == 1 else
+                 "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}")
+        parts.append(f"{names} ({extra:+,} B{' each' * (len(ranks) > 1)})")
+    return f"{where}, " + ", ".join(parts)
+
+
 def held_table(runs: list[tuple[str, int, object]], policy: str = "amp") -> Table:
     """What every rank of each run held after step 1 (`held_bytes`) against
     `mplab.train.plan.memory(parameters, policy, processes, sharding)`: runs are (sharding,
-    processes, TrainResult). `note` says which ranks held more than the plan, and why."""
+    processes, TrainResult). `note` names every rank that held more than the plan, and every
+    one that held less, and why."""
     from mplab.train import plan
 
-    rows, over, ddp = [], {}, False
+    rows, ddp = [], False
+    above: dict[str, list] = {}
+    below: dict[str, list] = {}
     for sharding, n, r in runs:
-        planned = plan.memory(r.parameters, policy, n, "none" if n == 1 else sharding)
+        planned = round(plan.memory(r.parameters, policy, n, "none" if n == 1 else sharding).held)
         ddp = ddp or sharding == "ddp"
         for report in r.ranks:
             held = report["held_bytes"]
             rows.append({"run": f"{sharding}, {n} process{'es' * (n > 1)}",
                          "rank": report["rank"], "weights": held["weights"],
                          "gradients": held["gradients"], "optimizer": held["optimizer"],
-                         "held": held["total"], "planned": round(planned.held),
-                         "off by": f"{(held['total'] - planned.held) / planned.held:+.2%}"})
-            extra = held["total"] - planned.held
-            where = f"{sharding} at {n}"
-            if extra > 0 and extra > over.get(where, (0, 0))[1]:
-                over[where] = (report["rank"], extra)
-    words = ["Every rank holds what the plan says." if not over else
-             "Above the plan: " + ", ".join(f"{where}, rank {rank} (+{extra:,.0f} B)"
-                                            for where, (rank, extra) in over.items())
-             + ". FSDP2 splits each parameter's first dimension into equal parts, padding the "
-             "last up to a whole row per rank: every shard's weights and gradients are stored "
-             "at the padded size, while AdamW's states follow the rows a rank really has, so "
-             "the last ranks hold less."]
+                         "held": held["total"], "planned": planned,
+                         "off by": f"{(held['total'] - planned) / planned:+.2%}"})
+            extra = held["total"] - planned
+            if extra:
+                side = above if extra > 0 else below
+                side.setdefault(f"{sharding} at {n}", []).append((report["rank"], extra))
+    if not above and not below:
+        words = ["Every rank holds what the plan says."]
+    else:
+        words = [f"{label}: " + "; ".join(_by_rank(where, pairs) for where, pairs in side.items())
+                 + "." for label, side in (("Above the plan", above), ("Below it", below))
+                 if side]
+        words.append("FSDP2 splits each parameter's first dimension into equal parts, padding "
+                     "the last up to a whole row per rank: every shard's weights and gradients "
+                     "are stored at the padded size, while AdamW's states follow the rows a "
+                     "rank really has, so a rank whose rows are padding holds less than one "
+                     "whose rows are all real.")
     if ddp:
         words.append("DDP's gradient buckets (one more gradient's worth) belong to its reducer, "
                      "not to the model or optimizer: the plan counts them in .peak "
@@ -347,6 +369,56 @@ def held_table(runs: list[tuple[str, int, object]], policy: str = "amp") -> Tabl
     note = " ".join(words)
     return Table(rows, title=f"bytes each rank held after step 1, against plan.memory(..., "
                              f"{policy!r})", note=note)
+
+
+# What a ring algorithm (NCCL's and gloo's usual one) sends from each of N ranks, per byte the
+# rank hands to the collective: an all-reduce passes (N - 1)/N of its buffer round to sum it
+# and as much again to share the sums; an all-gather forwards every other rank's shard
+# (N - 1 shards of its own size); a reduce-scatter passes (N - 1)/N of its input.
+RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: n - 1,
+        "reduce_scatter": lambda n: (n - 1) / n}
+
+
+def side_by_side(runs: dict, ddp: str, fsdp: str) -> Table:
+    """DDP and FSDP2 runs side by side (name -> TrainResult): what a rank held after step 1
+    (the most any of its ranks held, `held_bytes`), what rank 0 handed to its collectives in
+    step 1 (as recorded) and what a ring sends for that (`RING`). `note` sets run `fsdp`
+    against run `ddp`, which should have the same processes and precision."""
+    rows = []
+    for name, r in runs.items():
+        n, collectives = r.world_size, r.ranks[0]["collectives"]
+        held = max(report["held_bytes"]["total"] for report in r.ranks)
+        handed = sum(c["bytes"] for c in collectives if c["op"] in RING)
+        sent = sum(c["bytes"] * RING[c["op"]](n) for c in collectives if c["op"] in RING)
+        ops = ", ".join(f"{c['op']} {c['dtype']}" for c in collectives if c["op"] in RING)
+        rows.append({"run": name, "processes": n, "held per rank": held,
+                     "held per parameter": round(held / r.parameters, 3),
+                     "collectives in a step": ops, "handed in per step": handed,
+                     "sent per step (ring)": round(sent),
+                     "sent per parameter": round(sent / r.parameters, 3)})
+    by_name = {row["run"]: row for row in rows}
+    a, b = by_name[ddp], by_name[fsdp]
+    words = [f"On {b['processes']} processes, \"{fsdp}\" held "
+             f"{b['held per rank'] / a['held per rank']:.0%} of the bytes per rank "
+             f"\"{ddp}\" held ({b['held per parameter']:.3g} against "
+             f"{a['held per parameter']:.3g} per parameter) and sent "
+             f"{b['sent per step (ring)'] / a['sent per step (ring)']:.0%} of its bytes per "
+             "step: it gathers the weights (for the forward, and each block again for the "
+             "backward) where DDP sends only the gradients."]
+    handed = a["handed in per step"] / runs[ddp].parameters
+    for row in rows:
+        if row["run"] != fsdp and "all_gather" in row["collectives in a step"]:
+            n = row["processes"]
+            words.append(f"\"{row['run']}\": {row['held per parameter']:.3g} bytes held and "
+                         f"{row['sent per parameter']:.3g} sent per parameter" + (
+                             "." if n == a["processes"] else
+                             f"; DDP's gradients, as \"{ddp}\" handed them in, sent by a ring "
+                             f"on {n} processes: {handed * RING['all_reduce'](n):.3g}."))
+    buckets = runs[ddp].ranks[0]["held_bytes"]["gradients"]
+    words.append(f"Not in 'held': DDP's reducer also keeps buckets its gradients are copied "
+                 f"into, {buckets:,} B more per rank (plan.memory(...).buckets).")
+    return Table(rows, title="DDP and FSDP2 on the lesson model: what each rank holds and sends",
+                 note=" ".join(words))
 
 
 def overflow_table(results: dict) -> Table:
