@@ -67,7 +67,7 @@ def _check_8_1(policy) -> str | None:
 RANKS_8_2 = (8, 256)
 CHOICES_8_2 = {
     "a": "`output_dtype=torch.float32`",
-    "b": "A `ShardedGradScaler`, its scale shared by every rank",
+    "b": "A `ShardedGradScaler` (FSDP's loss scaler, §5), its scale shared by every rank",
     "c": "`reduce_dtype=torch.float32`",
     "d": "`cast_forward_inputs=False`",
 }
