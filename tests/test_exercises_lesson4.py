@@ -16,9 +16,9 @@ from mplab.numerics.formats import get_format
 IDS = list(ex.EXERCISES)
 
 
-def test_there_are_four_exercises_worth_four_points():
-    assert IDS == ["4.1", "4.2", "4.3", "4.4"]
-    assert sum(e.points for e in ex.EXERCISES.values()) == 4
+def test_there_are_five_exercises_worth_five_points():
+    assert IDS == ["4.1", "4.2", "4.3", "4.4", "4.5"]
+    assert sum(e.points for e in ex.EXERCISES.values()) == 5
 
 
 def test_4_2_task_lists_each_call_with_its_name():
@@ -157,3 +157,40 @@ def test_4_1_answers_follow_the_trace():
     failed_saying(ex.check("4.1", {"forced": "aten::nope", "layer_norm": "b"}),
                   "does not appear")
     assert ex.check("4.1", {"forced": 3, "layer_norm": "b"}).status == "failed"
+
+
+def test_4_5_the_loop_warns_because_its_steps_were_skipped_and_the_fix_stops_it():
+    """run_4_5 is torch's own warning from the loop the task shows, its scale halving at each
+    step (torch's GradScaler skipping them); stepping the scheduler only after a real
+    optimizer step, as answer (b) says, raises none."""
+    import warnings
+
+    from mplab.diagnosis import lab
+    from mplab.train.watch import StepCounter
+
+    found = ex.run_4_5()
+    assert any("`lr_scheduler.step()` before `optimizer.step()`" in w for w in found["warnings"])
+    assert found["scales"] == [ex.INIT_SCALE_4_5 / 2 ** k for k in (1, 2, 3)]  # all skipped
+    model = lab.lab_model(seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, total_iters=100)
+    scaler, stepped = torch.amp.GradScaler("cpu", init_scale=ex.INIT_SCALE_4_5), \
+        StepCounter(optimizer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in lab.lab_batches(3):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(**batch).loss
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            if stepped.stepped():
+                scheduler.step()
+    assert not any("lr_scheduler" in str(w.message) for w in caught)
+    ex.LESSON.reset()
+    assert ex.check("4.5", "b").passed
+    assert "already comes before" in ex.check("4.5", "a").message
+    assert "lesson 3" in ex.check("4.5", "a").message
+    assert "whether the optimizer's step ran" in ex.check("4.5", "d").message
+    assert "def loop_4_5" in ex.EXERCISES["4.5"].prompt  # the whole loop, before the answer

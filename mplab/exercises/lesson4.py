@@ -6,12 +6,15 @@
 The references are runs: a learner's order of calls is executed with torch.amp.GradScaler (and
 its real error, if any, is quoted), a learner's training step is compared bit for bit with a
 reference fp16 step, and the trace questions are answered by :func:`mplab.fixtures.lesson_trace`,
-the same trace the notebook shows. `overflow_evidence` is what 4.4 is asked about.
+the same trace the notebook shows. `overflow_evidence` is what 4.4 is asked about;
+`run_4_5` runs 4.5's loop and catches the warning it raises.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import warnings
 
 import torch
 
@@ -34,7 +37,7 @@ from mplab.fixtures import lesson_trace
 from mplab.numerics.failures import overflow_demo
 
 __all__ = ["check", "hint", "solution", "exercise_cells", "cells", "task_markdown",
-           "EXERCISES", "LESSON", "overflow_evidence"]
+           "EXERCISES", "LESSON", "overflow_evidence", "loop_4_5", "run_4_5"]
 
 # --- 4.2 order the calls ----------------------------------------------------------------------
 
@@ -191,6 +194,67 @@ WHY_NOT_4_4 = {
 _check_4_4 = multiple_choice(CHOICES_4_4, "b", WHY_NOT_4_4)
 
 
+# --- 4.5 the scheduler's warning after a skipped step -----------------------------------------
+
+def loop_4_5(model, optimizer, scheduler, scaler, batches):
+    for batch in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(**batch).loss
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        scheduler.step()
+
+
+#: 4.5's GradScaler starts this high, so that its first steps' gradients overflow in fp16.
+INIT_SCALE_4_5 = 2.0**32
+
+
+def run_4_5(steps: int = 3) -> dict:
+    """`loop_4_5` on the failure lab's model for `steps` batches, its GradScaler starting at
+    `INIT_SCALE_4_5`: {"warnings": what torch warned, "scales": the scale after each step}."""
+    from mplab.diagnosis import lab
+
+    model = lab.lab_model(seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, total_iters=100)
+    scales = []
+
+    class Scaler(torch.amp.GradScaler):  # torch's, noting its scale after each update
+        def update(self, new_scale=None):
+            super().update(new_scale)
+            scales.append(self.get_scale())
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop_4_5(model, optimizer, scheduler, Scaler("cpu", init_scale=INIT_SCALE_4_5),
+                 lab.lab_batches(steps))
+    return {"warnings": sorted({str(w.message) for w in caught}), "scales": scales}
+
+
+CHOICES_4_5 = {
+    "a": "The loop calls `scheduler.step()` before `optimizer.step()`, as the warning says: "
+         "put `scheduler.step()` after `scaler.step(optimizer)`.",
+    "b": "The GradScaler skipped the optimizer's step (the scaled gradients overflowed) and "
+         "the scheduler stepped anyway: call `scheduler.step()` only when the optimizer "
+         "really stepped.",
+    "c": "A learning-rate scheduler cannot be used with a GradScaler: train fp16 at a "
+         "constant learning rate.",
+    "d": "`scaler.update()` must come after `scheduler.step()`.",
+}
+WHY_NOT_4_5 = {
+    "a": "In the loop, scaler.step(optimizer) already comes before scheduler.step(), and "
+         "torch still says optimizer.step() was not called. Read the scale after each step: "
+         "what does a GradScaler do to its scale when it skips a step (lesson 3)?",
+    "c": "Schedulers and scalers go together (torch's own recipe uses both): the warning is "
+         "about particular steps, the ones where something did not happen.",
+    "d": "update() only changes the scale for the next step; the warning is about whether "
+         "the optimizer's step ran.",
+}
+_check_4_5 = multiple_choice(CHOICES_4_5, "b", WHY_NOT_4_5)
+
+
 def overflow_evidence(precision: str = "fp16") -> Table:
     """The table 4.4 asks about: :func:`mplab.numerics.failures.overflow_demo` in `precision`,
     stage by stage beside fp32 (largest |value|, infs, NaNs), its rows as they are, under a title
@@ -320,6 +384,25 @@ EXERCISES = {e.id: e for e in in_order([
             "A GradScaler acts on gradients, in the backward pass; this NaN is in the forward "
             "pass. fp16's largest value is 65,504.",
             "The feed-forward output stage overflows; LayerNorm computes inf − inf.",
+        )),
+    Exercise(
+        id="4.5", title="A warning after a skipped step",
+        prompt="This fp16 loop (the cell above ran it for 3 steps, its GradScaler started at "
+               "2**32, and printed what torch warned and the scale after each step):\n\n"
+               + python_block(inspect.getsource(loop_4_5)) + "\n\nWhy does torch warn "
+               "that `lr_scheduler.step()` was called before `optimizer.step()`, and what "
+               f"is the fix?\n\n{choice_list(CHOICES_4_5)}\n\nAnswer with its letter.",
+        comment="\"a\", \"b\", \"c\" or \"d\"",
+        body="answer = ...",
+        key="answer = \"b\"  # the scale halved: the step was skipped",
+        check=_check_4_5,
+        hints=(
+            "The order of the calls in the loop is the one torch asks for. So when would "
+            "optimizer.step() not have been called, though scaler.step(optimizer) was?",
+            "A GradScaler halves its scale each time it finds inf/NaN gradients, and then "
+            "skips optimizer.step() (lesson 3).",
+            "Step the scheduler only on the iterations whose optimizer step ran (mplab.train "
+            "counts the optimizer's steps with a hook for that).",
         )),
     Exercise(
         id="4.1", title="Read the trace",
