@@ -386,7 +386,7 @@ EXERCISES = {e.id: e for e in in_order([
             "The feed-forward output stage overflows; LayerNorm computes inf − inf.",
         )),
     Exercise(
-        id="4.5", title="A warning after a skipped step",
+        id="4.5", title="A scheduler warning",
         prompt="This fp16 loop (the cell above ran it for 3 steps, its GradScaler started at "
                "2**32, and printed what torch warned and the scale after each step):\n\n"
                + python_block(inspect.getsource(loop_4_5)) + "\n\nWhy does torch warn "
